@@ -1,0 +1,40 @@
+# Two commands do everything on a fresh machine with Python 3.11+:
+#   make demo   — create .venv, install, run the whole flow on built-in stand-ins
+#   make test   — create .venv with test extras, then lint, type-check and test
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test lint typecheck pytest bench venv clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) -m proxy demo
+
+test: venv lint typecheck pytest
+
+lint: venv
+	$(VENV)/bin/ruff format --check proxy tests bench
+	$(VENV)/bin/ruff check proxy tests bench
+	@if [ -f Dockerfile ]; then $(VENV)/bin/hadolint Dockerfile; fi
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+pytest: venv
+	$(PY) -m pytest
+
+bench: venv
+	$(PY) bench/passthrough.py
+	$(PY) bench/submit.py
+	$(PY) bench/polling.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,138 @@
+"""The application factory: routes, typed app keys, and the lifecycle of the shared clients.
+
+``cleanup_ctx`` owns exactly one aiohttp ``ClientSession`` (to oms) and, when runs are
+intercepted, one kubernetes_asyncio ``ApiClient``; both live as long as the app.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy import headers as hdr
+from proxy.config import Config
+from proxy.errors import Handler, ProxyError, error_response
+from proxy.k8s import KubeClient, load_api_client
+from proxy.passthrough import REQUEST_ID_KEY, forward
+
+_LOGGER = logging.getLogger(__name__)
+
+CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
+KUBE: web.AppKey[KubeClient | None] = web.AppKey("kube", KubeClient | None)  # type: ignore[arg-type]
+OMS_BASE: web.AppKey[str] = web.AppKey("oms_base", str)
+STATE: web.AppKey[dict[str, Any]] = web.AppKey("state", dict)
+
+_MAX_REQUEST_ID = 128
+
+
+def _request_id(incoming: str | None) -> str:
+    """The client's X-Request-ID if it is sane, else a new one."""
+    if incoming and len(incoming) <= _MAX_REQUEST_ID and incoming.isprintable():
+        return incoming
+    return uuid.uuid4().hex
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give every request an id, and map project errors to answers (errors.error_response)."""
+    request[REQUEST_ID_KEY] = _request_id(request.headers.get(hdr.REQUEST_ID))
+    try:
+        return await handler(request)
+    except ProxyError as err:
+        if err.status >= 500:
+            _LOGGER.warning(
+                "%s %s -> %d: %s", request.method, request.path, err.status, err.message
+            )
+        response = error_response(err)
+        response.headers[hdr.REQUEST_ID] = request[REQUEST_ID_KEY]
+        return response
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Any request the proxy does not answer itself goes to oms unchanged."""
+    app = request.app
+    return await forward(request, app[SESSION], app[OMS_BASE], app[CONFIG].server.read_chunk_bytes)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """The process is alive (cheap: no I/O)."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """oms answers (and, when runs are intercepted, the Kubernetes API)."""
+    app = request.app
+    checks: dict[str, str] = {}
+    try:
+        async with app[SESSION].get(
+            app[OMS_BASE] + "/api/service/config",
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as resp:
+            checks["oms"] = "ok" if resp.status < 500 else f"oms answered {resp.status}"
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        checks["oms"] = f"unreachable: {type(e).__name__}"
+    kube = app[KUBE]
+    if kube is not None:
+        try:
+            await kube.list_mpijobs("app.kubernetes.io/managed-by=oms-mpijob-proxy-readyz")
+            checks["kubernetes"] = "ok"
+        except ProxyError as e:
+            checks["kubernetes"] = e.message
+        dry_run = app[STATE].get("dry_run")
+        if dry_run is not None:
+            checks["dry_run"] = dry_run
+    ok = all(v == "ok" for v in checks.values())
+    return web.json_response(
+        {"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503
+    )
+
+
+async def _clients(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=config.oms.connect_timeout_seconds,
+        sock_connect=config.oms.connect_timeout_seconds,
+        sock_read=config.oms.first_byte_timeout_seconds,
+    )
+    connector = aiohttp.TCPConnector(
+        limit=config.oms.max_connections, limit_per_host=0, enable_cleanup_closed=False
+    )
+    session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        read_bufsize=config.server.read_chunk_bytes,
+    )
+    app[SESSION] = session
+    kube: KubeClient | None = None
+    if config.runs.intercept != "none":
+        kube = KubeClient(await load_api_client(config.kubernetes.kubeconfig), config)
+    app[KUBE] = kube
+    try:
+        yield
+    finally:
+        await session.close()
+        if kube is not None:
+            await kube.close()
+
+
+def create_app(config: Config) -> web.Application:
+    """Build the proxy application for ``config``."""
+    app = web.Application(middlewares=[request_context], client_max_size=config.runs.max_body_bytes)
+    app[CONFIG] = config
+    app[OMS_BASE] = config.oms.url.rstrip("/")
+    app[STATE] = {}
+    app.cleanup_ctx.append(_clients)
+    app.router.add_get("/healthz", healthz, allow_head=True)
+    app.router.add_get("/readyz", readyz, allow_head=True)
+    app.router.add_route("*", "/{tail:.*}", passthrough)
+    return app

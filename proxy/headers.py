@@ -1,0 +1,101 @@
+"""Header rules for the pass-through, as pure functions (RFC 9110 §7.6.1, RFC 9112 §6.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+
+# Hop-by-hop headers: meaningful for one connection only, never forwarded.
+HOP_BY_HOP: frozenset[str] = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Proxy-Connection",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Authentication-Info",
+    )
+)
+
+# Request headers the proxy sets itself or must not pass on: Host is oms's own, and
+# `Expect: 100-continue` is answered by this proxy's server, not forwarded.
+_REQUEST_DROP: frozenset[str] = frozenset({"host", "expect", "content-length"})
+
+# Headers whose values are secrets: passed through untouched, never logged.
+SECRET_HEADERS: frozenset[str] = frozenset(
+    {"authorization", "cookie", "set-cookie", "x-api-key", "proxy-authorization"}
+)
+
+REQUEST_ID = istr("X-Request-ID")
+
+
+def connection_tokens(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> set[str]:
+    """Header names listed in ``Connection`` (they are hop-by-hop for this message)."""
+    getall = getattr(headers, "getall", None)
+    values: Iterable[str] = getall("Connection", ()) if getall else [headers.get("Connection", "")]
+    return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
+
+
+def _is_dropped(name: str, extra: set[str]) -> bool:
+    low = name.lower()
+    return low in HOP_BY_HOP or low in extra or low.startswith("proxy-")
+
+
+def upstream_request_headers(
+    incoming: CIMultiDictProxy[str],
+    *,
+    peer: str | None,
+    scheme: str,
+    host: str | None,
+    request_id: str,
+    content_length: int | None,
+) -> CIMultiDict[str]:
+    """Headers sent to oms: the client's, minus hop-by-hop ones, plus X-Forwarded-*."""
+    drop = connection_tokens(incoming) | _REQUEST_DROP
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in incoming.items():
+        if not _is_dropped(name, drop):
+            out.add(name, value)
+    if peer:
+        prior = ", ".join(incoming.getall("X-Forwarded-For", ()))
+        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    prior_proto = ", ".join(incoming.getall("X-Forwarded-Proto", ()))
+    out["X-Forwarded-Proto"] = f"{prior_proto}, {scheme}" if prior_proto else scheme
+    if host:
+        prior_host = ", ".join(incoming.getall("X-Forwarded-Host", ()))
+        out["X-Forwarded-Host"] = f"{prior_host}, {host}" if prior_host else host
+    out[REQUEST_ID] = request_id
+    if content_length is not None:
+        out["Content-Length"] = str(content_length)
+    return out
+
+
+def downstream_response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Headers sent back to the client: oms's, minus hop-by-hop ones."""
+    drop = connection_tokens(upstream)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        if not _is_dropped(name, drop):
+            out.add(name, value)
+    return out
+
+
+def status_has_no_body(status: int) -> bool:
+    """1xx, 204 and 304 answers never carry a body (RFC 9112 §6.3)."""
+    return 100 <= status < 200 or status in (204, 304)
+
+
+def has_no_body(method: str, status: int) -> bool:
+    """A HEAD answer, or a status that never has a body."""
+    return method == "HEAD" or status_has_no_body(status)
+
+
+def redact(headers: Mapping[str, str]) -> dict[str, str]:
+    """A copy safe for logs: secret header values replaced."""
+    return {k: ("<redacted>" if k.lower() in SECRET_HEADERS else v) for k, v in headers.items()}

@@ -1,0 +1,387 @@
+"""Kubernetes API I/O: the one kubernetes_asyncio ApiClient, calls with retries, error classes.
+
+Every call goes through :meth:`KubeClient._call`, which bounds it by
+``kubernetes.request_timeout_seconds`` (retries included), retries 429, 5xx and connection
+failures with backoff (``Retry-After`` wins), and turns every failure into a
+:class:`proxy.errors.KubeError` subclass raised ``from`` the original. No kubernetes_asyncio or
+aiohttp exception leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio import watch as k8s_watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from proxy.config import Config, ConfigError
+from proxy.errors import (
+    KubeAlreadyExists,
+    KubeError,
+    KubeForbidden,
+    KubeInvalid,
+    KubeObjectNotFound,
+    KubeQuotaExceeded,
+    KubeResourceMissing,
+    KubeServerError,
+    KubeTimeout,
+    KubeUnavailable,
+    truncate,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+GROUP = "kubeflow.org"
+VERSION = "v2beta1"
+PLURAL = "mpijobs"
+FIELD_MANAGER = "oms-mpijob-proxy"
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+# --- error classification -------------------------------------------------------------------
+
+
+def _decode_status(body: Any) -> dict[str, Any]:
+    """The Kubernetes ``Status`` object in an error body, or {} if the body is something else."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str):
+        return {}
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) and doc.get("kind") == "Status" else {}
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def classify_api_exception(e: ApiException, what: str) -> KubeError:
+    """Map an ApiException to the project's error class by status and ``Status.reason``."""
+    status_doc = _decode_status(e.body)
+    code = int(e.status or 0)
+    reason = str(status_doc.get("reason") or "")
+    message = truncate(str(status_doc.get("message") or e.reason or "no message"), 500)
+    details = status_doc.get("details") if isinstance(status_doc.get("details"), dict) else {}
+    assert isinstance(details, dict)
+    causes = tuple(
+        truncate(f"{c.get('field', '')}: {c.get('message', '')}".strip(": "), 300)
+        for c in details.get("causes") or ()
+        if isinstance(c, dict)
+    )[:20]
+    retry_after = _retry_after(e.headers)
+    kw: dict[str, Any] = {"k8s_status": code, "reason": reason, "causes": causes}
+    if code == 409:
+        return KubeAlreadyExists(f"{what}: already exists: {message}", **kw)
+    if code in (400, 422):
+        detail = "; ".join(causes) if causes else message
+        return KubeInvalid(f"{what}: the Kubernetes API rejected the MPIJob: {detail}", **kw)
+    if code == 403 and "exceeded quota" in message:
+        return KubeQuotaExceeded(
+            f"{what}: the namespace's resource quota is exhausted, try again later: {message}",
+            retry_after=retry_after,
+            **kw,
+        )
+    if code == 403:
+        return KubeForbidden(
+            f"{what}: the proxy's service account lacks a permission "
+            f"(check its Role/RoleBinding): {message}",
+            **kw,
+        )
+    if code == 401:
+        return KubeForbidden(
+            f"{what}: the Kubernetes API refused the proxy's credentials (401): {message}", **kw
+        )
+    if code == 404:
+        kind = str(details.get("kind") or "")
+        if kind == "namespaces":
+            return KubeResourceMissing(f"{what}: the namespace does not exist: {message}", **kw)
+        if details.get("name") and kind:
+            return KubeObjectNotFound(f"{what}: not found: {message}", **kw)
+        return KubeResourceMissing(
+            f"{what}: the MPIJob CRD (mpijobs.kubeflow.org/v2beta1) is not installed: {message}",
+            **kw,
+        )
+    if code == 429 or code == 503:
+        return KubeUnavailable(
+            f"{what}: the Kubernetes API is overloaded or unavailable ({code}): {message}",
+            retry_after=retry_after,
+            **kw,
+        )
+    if code == 504:
+        return KubeTimeout(f"{what}: the Kubernetes API timed out: {message}", **kw)
+    return KubeServerError(f"{what}: the Kubernetes API failed ({code} {reason}): {message}", **kw)
+
+
+def _retryable(err: KubeError) -> bool:
+    return err.k8s_status is None or err.k8s_status == 429 or err.k8s_status >= 500
+
+
+# --- the client ------------------------------------------------------------------------------
+
+
+def _kubeconfig_path(kubeconfig: str) -> str:
+    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    path = path or str(Path.home() / ".kube" / "config")
+    if not Path(path).is_file():
+        raise ConfigError(
+            path, "kubernetes.kubeconfig", "no such kubeconfig file (and not in a pod)"
+        )
+    return path
+
+
+async def load_api_client(kubeconfig: str) -> k8s_client.ApiClient:
+    """One ApiClient: in-cluster config in a pod, else kubeconfig / $KUBECONFIG / ~/.kube/config."""
+    cfg = k8s_client.Configuration()
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not kubeconfig
+    try:
+        if in_pod:
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            path = _kubeconfig_path(kubeconfig)
+            await k8s_config.load_kube_config(config_file=path, client_configuration=cfg)
+    except ConfigException as e:
+        raise ConfigError(
+            kubeconfig or "<kubernetes config>", "kubernetes.kubeconfig", f"unusable: {e}"
+        ) from e
+    return k8s_client.ApiClient(configuration=cfg)
+
+
+class KubeClient:
+    """Typed, error-classified access to the few API calls the proxy makes (see k8s/ RBAC)."""
+
+    def __init__(self, api: k8s_client.ApiClient, config: Config) -> None:
+        self.api = api
+        self.namespace = config.kubernetes.namespace
+        self._timeout = config.kubernetes.request_timeout_seconds
+        self._retries = config.kubernetes.retries
+        self._backoff = config.kubernetes.retry_backoff_seconds
+        self.custom = k8s_client.CustomObjectsApi(api)
+        self.core = k8s_client.CoreV1Api(api)
+        self.api_calls = 0  # requests sent, for the polling benchmark
+
+    async def close(self) -> None:
+        """Close the ApiClient's connection pool."""
+        await self.api.close()
+
+    async def _call(
+        self, what: str, fn: Callable[[float], Awaitable[T]], *, retry: bool = True
+    ) -> T:
+        """Run ``fn(remaining_seconds)`` with retries, all within the configured timeout."""
+        deadline = time.monotonic() + self._timeout
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KubeTimeout(
+                    f"{what}: no answer from the Kubernetes API in {self._timeout:g} s"
+                )
+            attempt += 1
+            self.api_calls += 1
+            cause: BaseException
+            try:
+                async with asyncio.timeout(remaining):
+                    return await fn(remaining)
+            except ApiException as e:
+                err, cause = classify_api_exception(e, what), e
+            except TimeoutError as e:
+                raise KubeTimeout(
+                    f"{what}: no answer from the Kubernetes API in {self._timeout:g} s"
+                ) from e
+            except (aiohttp.ClientError, OSError) as e:
+                err = KubeUnavailable(
+                    f"{what}: cannot reach the Kubernetes API ({type(e).__name__})"
+                )
+                cause = e
+            if not retry or not _retryable(err) or attempt > self._retries:
+                raise err from cause
+            delay = (
+                err.retry_after
+                if err.retry_after is not None and err.k8s_status == 429
+                else (self._backoff * 2 ** (attempt - 1))
+            )
+            delay = min(delay, max(0.0, deadline - time.monotonic() - 0.05))
+            _LOGGER.info("%s: retry %d/%d in %.2f s: %s", what, attempt, self._retries, delay, err)
+            await asyncio.sleep(delay)
+
+    # MPIJobs -----------------------------------------------------------------------------------
+
+    async def create_mpijob(self, body: Obj, *, dry_run: bool = False) -> Obj:
+        """Create an MPIJob (strict field validation); 409 is raised as KubeAlreadyExists."""
+        name = body.get("metadata", {}).get("name", "?")
+        kwargs: dict[str, Any] = {"field_validation": "Strict", "field_manager": FIELD_MANAGER}
+        if dry_run:
+            kwargs["dry_run"] = "All"
+
+        async def go(t: float) -> Obj:
+            result: Obj = await self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body, _request_timeout=t, **kwargs
+            )
+            return result
+
+        return await self._call(f"create MPIJob {name}", go)
+
+    async def get_mpijob(self, name: str) -> Obj:
+        """Read one MPIJob."""
+
+        async def go(t: float) -> Obj:
+            result: Obj = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=t
+            )
+            return result
+
+        return await self._call(f"get MPIJob {name}", go)
+
+    async def list_mpijobs(self, label_selector: str) -> tuple[list[Obj], str]:
+        """MPIJobs matching ``label_selector`` and the list's resourceVersion."""
+
+        async def go(t: float) -> Obj:
+            result: Obj = await self.custom.list_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                label_selector=label_selector,
+                _request_timeout=t,
+            )
+            return result
+
+        doc = await self._call("list MPIJobs", go)
+        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch_mpijobs(
+        self, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Stream (event type, object) from ``resource_version``; raises KubeError on failure.
+
+        A 410 Gone (resource version too old) arrives as :class:`KubeError` with
+        ``k8s_status == 410``; the caller re-lists.
+        """
+        w = k8s_watch.Watch()
+        self.api_calls += 1
+        try:
+            async with w.stream(
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                label_selector=label_selector,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                allow_watch_bookmarks=True,
+                _request_timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self._timeout, sock_read=timeout_seconds + 30
+                ),
+            ) as stream:
+                async for event in stream:
+                    obj = event.get("raw_object") or event.get("object")
+                    if isinstance(obj, dict):
+                        yield str(event.get("type")), obj
+        except ApiException as e:
+            raise classify_api_exception(e, "watch MPIJobs") from e
+        except TimeoutError as e:
+            raise KubeTimeout("watch MPIJobs: the stream stalled") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise KubeUnavailable(f"watch MPIJobs: connection lost ({type(e).__name__})") from e
+
+    async def delete_mpijob(self, name: str, propagation: str = "Foreground") -> None:
+        """Delete an MPIJob; its pods, ConfigMaps and Services go with it."""
+
+        async def go(t: float) -> None:
+            await self.custom.delete_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                propagation_policy=propagation,
+                _request_timeout=t,
+            )
+
+        await self._call(f"delete MPIJob {name}", go)
+
+    # Core objects ------------------------------------------------------------------------------
+
+    async def create_configmap(self, body: Obj) -> Obj:
+        """Create a ConfigMap (the per-run ini files)."""
+        name = body.get("metadata", {}).get("name", "?")
+
+        async def go(t: float) -> Obj:
+            result: Any = await self.core.create_namespaced_config_map(
+                self.namespace,
+                cast(Any, body),
+                field_validation="Strict",
+                field_manager=FIELD_MANAGER,
+                _request_timeout=t,
+                _preload_content=False,
+            )
+            doc: Obj = json.loads(await result.read())
+            return doc
+
+        return await self._call(f"create ConfigMap {name}", go)
+
+    async def list_pods(self, label_selector: str) -> list[Obj]:
+        """Pods matching ``label_selector`` as plain dicts."""
+
+        async def go(t: float) -> Obj:
+            result: Any = await self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=label_selector,
+                _request_timeout=t,
+                _preload_content=False,
+            )
+            doc: Obj = json.loads(await result.read())
+            return doc
+
+        doc = await self._call("list pods", go)
+        return [i for i in doc.get("items") or () if isinstance(i, dict)]
+
+    async def read_pod_log(self, name: str, container: str | None = None) -> str:
+        """The whole log of a pod's container (text)."""
+
+        async def go(t: float) -> str:
+            kwargs: dict[str, Any] = {"_request_timeout": t, "_preload_content": False}
+            if container:
+                kwargs["container"] = container
+            result: Any = await self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
+            data: bytes = await result.read()
+            return data.decode("utf-8", "replace")
+
+        return await self._call(f"read log of pod {name}", go)
+
+    async def list_events(self, field_selector: str) -> list[Obj]:
+        """Events matching ``field_selector`` (e.g. involvedObject.name=X) as dicts."""
+
+        async def go(t: float) -> Obj:
+            result: Any = await self.core.list_namespaced_event(
+                self.namespace,
+                field_selector=field_selector,
+                _request_timeout=t,
+                _preload_content=False,
+            )
+            doc: Obj = json.loads(await result.read())
+            return doc
+
+        doc = await self._call("list events", go)
+        return [i for i in doc.get("items") or () if isinstance(i, dict)]
