@@ -6,11 +6,11 @@ intercepted, one kubernetes_asyncio ``ApiClient``; both live as long as the app.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
-
 import aiohttp
 from aiohttp import web
 
@@ -18,15 +18,12 @@ from proxy import headers as hdr
 from proxy.config import Config
 from proxy.errors import Handler, ProxyError, error_response
 from proxy.k8s import KubeClient, load_api_client
+from proxy.keys import CONFIG, KUBE, OMS_BASE, SESSION, STATE, SUBMITTER, TEMPLATE
 from proxy.passthrough import REQUEST_ID_KEY, forward
+from proxy.runs import Submitter, dry_run, handle_submit
+from proxy.template import load_template
 
 _LOGGER = logging.getLogger(__name__)
-
-CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
-SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
-KUBE: web.AppKey[KubeClient | None] = web.AppKey("kube", KubeClient | None)  # type: ignore[arg-type]
-OMS_BASE: web.AppKey[str] = web.AppKey("oms_base", str)
-STATE: web.AppKey[dict[str, Any]] = web.AppKey("state", dict)
 
 _MAX_REQUEST_ID = 128
 
@@ -85,9 +82,9 @@ async def readyz(request: web.Request) -> web.Response:
             checks["kubernetes"] = "ok"
         except ProxyError as e:
             checks["kubernetes"] = e.message
-        dry_run = app[STATE].get("dry_run")
-        if dry_run is not None:
-            checks["dry_run"] = dry_run
+        dry = app[STATE].get("dry_run")
+        if dry is not None:
+            checks["dry_run"] = dry
     ok = all(v == "ok" for v in checks.values())
     return web.json_response(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503
@@ -117,12 +114,40 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
     if config.runs.intercept != "none":
         kube = KubeClient(await load_api_client(config.kubernetes.kubeconfig), config)
     app[KUBE] = kube
+    app[SUBMITTER] = None
+    dry_run_task: asyncio.Task[None] | None = None
+    if kube is not None:
+        submitter = Submitter(
+            config=config,
+            template=app[TEMPLATE],
+            kube=kube,
+            session=session,
+            oms_base=app[OMS_BASE],
+        )
+        app[SUBMITTER] = submitter
+        if config.kubernetes.dry_run_on_start:
+            dry_run_task = asyncio.create_task(_start_up_dry_run(app, submitter))
     try:
         yield
     finally:
+        if dry_run_task is not None:
+            dry_run_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dry_run_task
         await session.close()
         if kube is not None:
             await kube.close()
+
+
+async def _start_up_dry_run(app: web.Application, submitter: Submitter) -> None:
+    """Create a representative MPIJob with dryRun=All: a missing CRD, namespace or RBAC shows."""
+    app[STATE]["dry_run"] = "pending"
+    result = await dry_run(submitter)
+    app[STATE]["dry_run"] = result
+    if result == "ok":
+        _LOGGER.info("start-up dry-run of an MPIJob create: ok")
+    else:
+        _LOGGER.error("start-up dry-run of an MPIJob create failed: %s", result)
 
 
 def create_app(config: Config) -> web.Application:
@@ -131,8 +156,11 @@ def create_app(config: Config) -> web.Application:
     app[CONFIG] = config
     app[OMS_BASE] = config.oms.url.rstrip("/")
     app[STATE] = {}
+    if config.runs.intercept != "none":
+        app[TEMPLATE] = load_template(config.template_path())
     app.cleanup_ctx.append(_clients)
     app.router.add_get("/healthz", healthz, allow_head=True)
     app.router.add_get("/readyz", readyz, allow_head=True)
+    app.router.add_post("/api/run", handle_submit)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app

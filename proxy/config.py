@@ -224,6 +224,20 @@ class RunsConfig:
         default=DEFAULT_ALLOWED_ENV,
         metadata=_doc("Env names a run may set; LD_*, PATH and the like are always refused."),
     )
+    allow_microdata: bool = dataclasses.field(
+        default=False,
+        metadata=_doc(
+            "Set as oms's -oms.AllowMicrodata: if false, Microdata.* run options are refused "
+            "and a request's Microdata is ignored, as oms does."
+        ),
+    )
+    user_files_dir: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "oms's user files directory (OM_USER_FILES, -oms.FilesDir) as mounted in the MPI "
+            "pods (absolute); empty: paths starting with OM_USER_FILES are refused."
+        ),
+    )
     max_concurrent_submissions: int = dataclasses.field(
         default=64,
         metadata=_doc("Submissions handled at once; more: 429 with Retry-After."),
@@ -470,6 +484,12 @@ def _check(config: Config) -> None:
             f"runs.allowed_env[{i}]",
             f"{name!r} can change how programs load or run and is never allowed",
         )
+    need(
+        r.user_files_dir == ""
+        or (r.user_files_dir.startswith("/") and ".." not in r.user_files_dir.split("/")),
+        "runs.user_files_dir",
+        "expected an absolute path or empty",
+    )
     need(
         _DNS1035_PREFIX.match(m.name_prefix) is not None and len(m.name_prefix) <= 20,
         "mpijob.name_prefix",

@@ -72,3 +72,73 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 
 
 # --- end oms stand-in and proxy fixtures ---
+
+
+# --- kube stand-in fixtures ---
+# Imports are local so that this block stays self-contained in a file two people edit.
+
+
+@pytest.fixture
+def fake_kube() -> Any:
+    """A stand-in Kubernetes API (proxy.standins.kube.FakeKube) validating against the CRD."""
+    from proxy.standins.kube import FakeKube, find_crd
+
+    crd = find_crd()
+    assert crd is not None, "MPIJob CRD not found: set $OMS_MPIJOB_PROXY_CRD or provide shared/"
+    return FakeKube(crd_schema_path=crd)
+
+
+KubeconfigFor = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+async def kubeconfig_for(tmp_path: Any) -> AsyncIterator[KubeconfigFor]:
+    """``await kubeconfig_for(kube, token=None)``: serve ``kube`` once, return a kubeconfig Path."""
+    from proxy.standins.kube import FakeKube, serve, write_kubeconfig
+
+    runners: dict[int, tuple[web.AppRunner, str]] = {}
+    written = 0
+
+    async def kubeconfig(kube: FakeKube, token: str | None = None) -> Any:
+        nonlocal written
+        if id(kube) not in runners:
+            runners[id(kube)] = await serve(kube)
+        written += 1
+        path = tmp_path / f"kubeconfig-{written}.yaml"
+        return write_kubeconfig(path, runners[id(kube)][1], token=token)
+
+    yield kubeconfig
+    for runner, _ in runners.values():
+        await runner.cleanup()
+
+
+KubeConnect = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+async def kube_connect(kubeconfig_for: KubeconfigFor) -> AsyncIterator[KubeConnect]:
+    """``await kube_connect(kube, token=None)``: a kubernetes_asyncio ApiClient for ``kube``."""
+    from kubernetes_asyncio import client, config
+
+    clients: list[Any] = []
+
+    async def connect(kube: Any, token: str | None = None) -> Any:
+        cfg = client.Configuration()
+        path = await kubeconfig_for(kube, token=token)
+        await config.load_kube_config(config_file=str(path), client_configuration=cfg)
+        api = client.ApiClient(configuration=cfg)
+        clients.append(api)
+        return api
+
+    yield connect
+    for api in clients:
+        await api.close()
+
+
+@pytest.fixture
+async def kube_api(fake_kube: Any, kube_connect: KubeConnect) -> Any:
+    """A kubernetes_asyncio ApiClient connected to ``fake_kube``."""
+    return await kube_connect(fake_kube)
+
+
+# --- end kube stand-in fixtures ---

@@ -1,0 +1,23 @@
+"""Typed application keys shared by the app factory and the handlers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import Config
+
+if TYPE_CHECKING:
+    from proxy.k8s import KubeClient
+    from proxy.runs import Submitter
+    from proxy.template import Template
+
+CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
+KUBE: web.AppKey[KubeClient | None] = web.AppKey("kube")
+SUBMITTER: web.AppKey[Submitter | None] = web.AppKey("submitter")
+TEMPLATE: web.AppKey[Template] = web.AppKey("template")
+OMS_BASE: web.AppKey[str] = web.AppKey("oms_base", str)
+STATE: web.AppKey[dict[str, Any]] = web.AppKey("state", dict)

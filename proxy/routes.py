@@ -1,0 +1,109 @@
+"""The routes the proxy answers itself — one list, used by the app, the CLI and the k8s overlay.
+
+Everything else is passed through to oms. ``oms-mpijob-proxy routes`` prints this list; the
+Istio "routes-only" overlay in ``k8s/`` must send exactly these to the proxy (a test checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One route the proxy handles: method, aiohttp path pattern and an RE2 regex for Istio."""
+
+    name: str
+    method: str
+    path: str
+    regex: str
+    route_class: str
+    doc: str
+
+
+_SEG = "[^/]+"
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "run_submit",
+        "POST",
+        "/api/run",
+        "^/api/run/?$",
+        "run_submit",
+        "MPI runs become MPIJobs; other runs pass through to oms byte-for-byte.",
+    ),
+    Route(
+        "run_log",
+        "GET",
+        "/api/run/log/model/{model}/stamp/{stamp}{paging:(/.*)?}",
+        f"^/api/run/log/model/{_SEG}/stamp/{_SEG}(/.*)?$",
+        "run_log",
+        "Log pages of launched runs; other runs pass through.",
+    ),
+    Route(
+        "run_stop",
+        "PUT",
+        "/api/run/stop/model/{model}/stamp/{stamp}",
+        f"^/api/run/stop/model/{_SEG}/stamp/{_SEG}/?$",
+        "run_stop",
+        "Stop deletes the run's MPIJob; other runs pass through.",
+    ),
+    Route(
+        "run_status",
+        "GET",
+        "/api/model/{model}/run/{stamp}/status",
+        f"^/api/model/{_SEG}/run/{_SEG}/status/?$",
+        "run_status",
+        "Run status, answered for launched runs oms does not know yet.",
+    ),
+    Route(
+        "run_status_list",
+        "GET",
+        "/api/model/{model}/run/{stamp}/status/list",
+        f"^/api/model/{_SEG}/run/{_SEG}/status/list/?$",
+        "run_status",
+        "Run status list, answered for launched runs oms does not know yet.",
+    ),
+    Route(
+        "run_status_last",
+        "GET",
+        "/api/model/{model}/run/status/last",
+        f"^/api/model/{_SEG}/run/status/last/?$",
+        "run_status",
+        "Latest run status, answered when the newest run is a launched one.",
+    ),
+    Route(
+        "service_state",
+        "GET",
+        "/api/service/state",
+        "^/api/service/state/?$",
+        "service_state",
+        "oms's service state with the launched MPIJob runs added to the active jobs.",
+    ),
+    Route(
+        "service_job_active",
+        "GET",
+        "/api/service/job/active/{stamp}",
+        f"^/api/service/job/active/{_SEG}/?$",
+        "service_state",
+        "Active job details of launched runs; others pass through.",
+    ),
+)
+
+HEALTH_ROUTES: tuple[Route, ...] = (
+    Route("healthz", "GET", "/healthz", "^/healthz$", "health", "The process is alive."),
+    Route("readyz", "GET", "/readyz", "^/readyz$", "health", "oms and Kubernetes API reachable."),
+    Route("metrics", "GET", "/metrics", "^/metrics$", "health", "Prometheus metrics."),
+)
+
+
+def print_routes(fmt: str) -> int:
+    """Print the intercepted routes (text or JSON) for operators and the Istio overlay."""
+    routes = ROUTES + HEALTH_ROUTES
+    if fmt == "json":
+        print(json.dumps([dataclasses.asdict(r) for r in routes], indent=2))
+    else:
+        for r in routes:
+            print(f"{r.method:5} {r.regex:55} {r.doc}")
+    return 0

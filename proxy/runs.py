@@ -1,0 +1,284 @@
+"""``POST /api/run``: MPI runs become MPIJobs; every other run goes to oms byte-for-byte.
+
+The flow of an intercepted run: read the body within ``runs.max_body_bytes`` → parse it like oms
+(:mod:`proxy.runrequest`) → resolve the model through oms → validate against the limits in config
+→ render the MPIJob (:mod:`proxy.render`, pure) → create it (:mod:`proxy.k8s`) → answer with an
+oms RunState. Retries are safe because the MPIJob name is derived from (model, run stamp): a 409
+whose object carries this request's id is our own earlier attempt and counts as success.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import web
+
+from proxy import keys, names
+from proxy.config import Config
+from proxy.errors import (
+    BadRequest,
+    Conflict,
+    KubeAlreadyExists,
+    KubeError,
+    PayloadTooLarge,
+    ProxyError,
+    TooManyRequests,
+    UnsupportedMediaType,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from proxy.k8s import KubeClient
+from proxy.passthrough import forward, request_id
+from proxy.render import RenderedRun, RenderError, Stamps, render
+from proxy.runrequest import (
+    ModelInfo,
+    RunRequest,
+    RunRequestError,
+    choose_run_stamp,
+    is_mpi,
+    parse_run_request,
+    validate_run,
+)
+from proxy.stamps import StampSource, make_datetime
+from proxy.template import Template
+
+_LOGGER = logging.getLogger(__name__)
+
+# Headers that carry the caller's identity to oms when the proxy looks a model up for them.
+_AUTH_HEADERS = ("Authorization", "Cookie", "X-Api-Key")
+
+
+@dataclasses.dataclass
+class Submitter:
+    """Everything a submission needs, built once per app."""
+
+    config: Config
+    template: Template
+    kube: KubeClient
+    session: aiohttp.ClientSession
+    oms_base: str
+    stamps: StampSource = dataclasses.field(default_factory=StampSource)
+    in_flight: int = 0
+    _models: dict[str, tuple[float, ModelInfo]] = dataclasses.field(default_factory=dict)
+
+    async def resolve_model(self, dn: str, request: web.Request) -> ModelInfo:
+        """The model by digest or name, as oms knows it (cached briefly)."""
+        if not dn:
+            raise BadRequest("Model not found: (no ModelDigest or ModelName in the request)")
+        now = time.monotonic()
+        cached = self._models.get(dn)
+        if cached is not None and now - cached[0] < self.config.oms.model_cache_seconds:
+            return cached[1]
+        headers = {h: request.headers[h] for h in _AUTH_HEADERS if h in request.headers}
+        headers["X-Request-ID"] = request_id(request)
+        url = f"{self.oms_base}/api/model/{_quote_segment(dn)}"
+        try:
+            async with self.session.get(url, headers=headers, allow_redirects=False) as resp:
+                if resp.status in (400, 404):
+                    raise BadRequest(f"Model not found: {dn}")
+                if resp.status != 200:
+                    raise UpstreamUnavailable(f"oms answered {resp.status} to the model lookup")
+                doc = await resp.json(content_type=None)
+        except TimeoutError as e:
+            raise UpstreamTimeout("oms did not answer the model lookup in time") from e
+        except (aiohttp.ClientError, ValueError) as e:
+            raise UpstreamUnavailable(f"oms model lookup failed: {type(e).__name__}") from e
+        model_doc = doc.get("Model") if isinstance(doc, dict) else None
+        if not isinstance(model_doc, dict) or not model_doc.get("Name"):
+            raise UpstreamUnavailable("oms answered the model lookup without a model")
+        info = ModelInfo(name=str(model_doc["Name"]), digest=str(model_doc.get("Digest") or ""))
+        self._models[dn] = (now, info)
+        return info
+
+    async def create(self, rendered: RenderedRun, rid: str) -> dict[str, Any]:
+        """Create the MPIJob (and its ConfigMap); exactly one per run stamp."""
+        try:
+            job = await self.kube.create_mpijob(rendered.mpijob)
+        except KubeAlreadyExists as e:
+            job = await self.kube.get_mpijob(rendered.name)
+            ours = job.get("metadata", {}).get("annotations", {}).get(names.REQUEST_ID_KEY)
+            if ours != rid:
+                raise Conflict(
+                    f"Model run already submitted: run stamp "
+                    f"{rendered.mpijob['metadata']['annotations'][names.RUN_STAMP_KEY]} "
+                    f"of this model is MPIJob {rendered.name}"
+                ) from e
+        if rendered.configmap is not None:
+            configmap = _owned_by(rendered.configmap, job)
+            try:
+                await self.kube.create_configmap(configmap)
+            except KubeAlreadyExists:
+                pass  # our own earlier attempt
+            except KubeError:
+                await _delete_quietly(self.kube, rendered.name)
+                raise
+        return job
+
+
+def _quote_segment(s: str) -> str:
+    return quote(s, safe="")
+
+
+def _owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    meta = dict(obj.get("metadata") or {})
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": owner.get("apiVersion", "kubeflow.org/v2beta1"),
+            "kind": owner.get("kind", "MPIJob"),
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return {**obj, "metadata": meta}
+
+
+async def _delete_quietly(kube: KubeClient, name: str) -> None:
+    try:
+        await kube.delete_mpijob(name, propagation="Background")
+    except ProxyError as e:
+        _LOGGER.error("could not remove half-created MPIJob %s: %s", name, e.message)
+
+
+async def read_limited(request: web.Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes without reading them all."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        data = await request.content.read(65536)
+        if not data:
+            break
+        size += len(data)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def run_state(model: ModelInfo, stamps: Stamps, run_name: str, now: dt.datetime) -> dict[str, Any]:
+    """The RunState answer with all 10 keys the UI requires."""
+    return {
+        "ModelName": model.name,
+        "ModelDigest": model.digest,
+        "RunStamp": stamps.run_stamp,
+        "SubmitStamp": stamps.submit_stamp,
+        "IsFinal": False,
+        "UpdateDateTime": make_datetime(now),
+        "RunName": run_name,
+        "TaskRunName": "",
+        "IsLog": True,
+        "LogFileName": f"{model.name}.{stamps.run_stamp}.console.log",
+    }
+
+
+async def handle_submit(request: web.Request) -> web.StreamResponse:
+    """POST /api/run."""
+    app = request.app
+    config, submitter = app[keys.CONFIG], app[keys.SUBMITTER]
+    session, base, chunk = app[keys.SESSION], app[keys.OMS_BASE], config.server.read_chunk_bytes
+    if config.runs.intercept == "none" or submitter is None:
+        return await forward(request, session, base, chunk)
+    if "application/json" not in request.headers.get("Content-Type", ""):
+        raise UnsupportedMediaType("Expected Content-Type: application/json")
+    body = await read_limited(request, config.runs.max_body_bytes)
+    try:
+        req = parse_run_request(body)
+    except RunRequestError as e:
+        raise BadRequest(e.message) from e
+    if config.runs.intercept == "mpi" and not is_mpi(req):
+        return await forward(request, session, base, chunk, body=body)
+
+    if submitter.in_flight >= config.runs.max_concurrent_submissions:
+        raise TooManyRequests(
+            f"Too many model runs being submitted at once "
+            f"(limit {config.runs.max_concurrent_submissions}); try again shortly"
+        )
+    submitter.in_flight += 1
+    try:
+        return await _submit(request, submitter, config, req)
+    finally:
+        submitter.in_flight -= 1
+
+
+async def _submit(
+    request: web.Request, submitter: Submitter, config: Config, req: RunRequest
+) -> web.StreamResponse:
+    model = await submitter.resolve_model(req.model_digest or req.model_name, request)
+    try:
+        run = validate_run(req, model, config.runs)
+    except RunRequestError as e:
+        raise BadRequest(e.message) from e
+    now = dt.datetime.now()
+    submit_stamp = submitter.stamps.next(now)
+    try:
+        run_stamp = choose_run_stamp(req, submitter.stamps, now)
+    except RunRequestError as e:
+        raise BadRequest(e.message) from e
+    identity = config.server.identity_header
+    stamps = Stamps(
+        run_stamp=run_stamp,
+        submit_stamp=submit_stamp,
+        request_id=request_id(request) or uuid.uuid4().hex,
+        user=request.headers.get(identity) if identity else None,
+        submitted_at=now,
+    )
+    try:
+        rendered = render(run, model, config, submitter.template, stamps)
+    except RenderError as e:
+        raise BadRequest(f"Model start failed: {e}") from e
+    job = await submitter.create(rendered, stamps.request_id)
+    annotations = job.get("metadata", {}).get("annotations", {})
+    # A repeated attempt of the same request answers with the stamps of the MPIJob it created.
+    stamps = dataclasses.replace(
+        stamps,
+        run_stamp=annotations.get(names.RUN_STAMP_KEY, stamps.run_stamp),
+        submit_stamp=annotations.get(names.SUBMIT_STAMP_KEY, stamps.submit_stamp),
+    )
+    _LOGGER.info(
+        "created MPIJob %s for model %s run %s",
+        rendered.name,
+        model.name,
+        stamps.run_stamp,
+        extra={"fields": {"mpijob": rendered.name, "request_id": stamps.request_id}},
+    )
+    state = run_state(model, stamps, run.run_name, now)
+    return web.json_response(
+        state,
+        headers={"Content-Location": f"/api/model/{model.digest}/run/{stamps.run_stamp}"},
+        dumps=json.dumps,
+    )
+
+
+async def dry_run(submitter: Submitter) -> str:
+    """Create a representative MPIJob with dryRun=All; "ok" or the reason it failed."""
+    example = parse_run_request(
+        b'{"ModelName": "dryrun", "Mpi": {"Np": 2}, "Opts": {"OpenM.RunName": "dry-run"}}'
+    )
+    model = ModelInfo(name="dryrun", digest="dryrun")
+    try:
+        run = validate_run(example, model, submitter.config.runs)
+        now = dt.datetime.now()
+        stamp = submitter.stamps.next(now)
+        rendered = render(
+            run,
+            model,
+            submitter.config,
+            submitter.template,
+            Stamps(stamp, stamp, "dry-run", None, now),
+        )
+        await submitter.kube.create_mpijob(rendered.mpijob, dry_run=True)
+    except (ProxyError, RunRequestError, RenderError) as e:
+        return str(getattr(e, "message", e))
+    return "ok"
+
