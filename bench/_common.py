@@ -751,7 +751,8 @@ def upload(
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = (
             f"PUT {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {size}\r\n"
+            "Connection: close\r\n\r\n"
         )
         s.sendall(head.encode())
         sent = 0

@@ -73,6 +73,10 @@ DEFAULT_ALLOWED_OPTS: tuple[str, ...] = (
     "OpenM.TraceToFile",
     "OpenM.TraceUseTimeStamp",
     "OpenM.Cases",
+    "OpenM.TaskName",
+    "OpenM.TaskId",
+    "OpenM.TaskRunName",
+    "OpenM.TaskRunId",
     "Parameter.SimulationCases",
     "Parameter.SimulationSeed",
     "Parameter.StartingSeed",
@@ -83,7 +87,10 @@ DEFAULT_ALLOWED_OPTS: tuple[str, ...] = (
     "FR.RunDescription",
 )
 
-DEFAULT_ALLOWED_OPTS_PATTERNS: tuple[str, ...] = (r"^[A-Za-z]{2}(_[A-Za-z]{2})?\.RunDescription$",)
+DEFAULT_ALLOWED_OPTS_PATTERNS: tuple[str, ...] = (
+    r"^[A-Za-z]{2}(_[A-Za-z]{2})?\.RunDescription$",
+    r"^Parameter\.[A-Za-z_][A-Za-z0-9_]*$",
+)
 
 # Environment variables a model run may receive. Never LD_*, PATH, PYTHON*, OMPI_* and the like.
 DEFAULT_ALLOWED_ENV: tuple[str, ...] = ("OM_USER_FILES", "TZ", "LANG", "LC_ALL", "OMP_NUM_THREADS")
@@ -326,7 +333,7 @@ class Config:
         metadata=_doc("Where this configuration came from (not a YAML key)."),
     )
     base_dir: str = dataclasses.field(
-        default=".",
+        default=str(Path(__file__).resolve().parent / "data"),
         metadata=_doc("Directory relative paths are resolved against (not a YAML key)."),
     )
 
@@ -530,10 +537,15 @@ class Overrides:
     log_level: str | None = None
 
 
-def config_from_dict(data: Any, source: str, base_dir: str = ".") -> Config:
-    """Build and validate a :class:`Config` from parsed YAML."""
+def config_from_dict(data: Any, source: str, base_dir: str | None = None) -> Config:
+    """Build and validate a :class:`Config` from parsed YAML.
+
+    Relative paths resolve against ``base_dir`` (default: the built-in template's directory).
+    """
     config = _build(Config, data, source, "")
-    config = dataclasses.replace(config, source=source, base_dir=base_dir)
+    config = dataclasses.replace(
+        config, source=source, base_dir=base_dir or str(default_config_dir())
+    )
     _check(config)
     return config
 

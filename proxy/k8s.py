@@ -132,6 +132,21 @@ def classify_api_exception(e: ApiException, what: str) -> KubeError:
     return KubeServerError(f"{what}: the Kubernetes API failed ({code} {reason}): {message}", **kw)
 
 
+async def _raw_body(result: Any) -> bytes:
+    """Body of a ``_preload_content=False`` answer; errors raised as ApiException.
+
+    In that mode kubernetes_asyncio hands back the aiohttp response without checking its
+    status, so the check the client would have made is made here.
+    """
+    data: bytes = await result.read()
+    if result.status >= 400:
+        exc = ApiException(status=result.status, reason=result.reason)
+        exc.body = data
+        exc.headers = result.headers
+        raise exc
+    return data
+
+
 def _retryable(err: KubeError) -> bool:
     return err.k8s_status is None or err.k8s_status == 429 or err.k8s_status >= 500
 
@@ -336,7 +351,7 @@ class KubeClient:
                 _request_timeout=t,
                 _preload_content=False,
             )
-            doc: Obj = json.loads(await result.read())
+            doc: Obj = json.loads(await _raw_body(result))
             return doc
 
         return await self._call(f"create ConfigMap {name}", go)
@@ -351,7 +366,7 @@ class KubeClient:
                 _request_timeout=t,
                 _preload_content=False,
             )
-            doc: Obj = json.loads(await result.read())
+            doc: Obj = json.loads(await _raw_body(result))
             return doc
 
         doc = await self._call("list pods", go)
@@ -365,7 +380,7 @@ class KubeClient:
             if container:
                 kwargs["container"] = container
             result: Any = await self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
-            data: bytes = await result.read()
+            data = await _raw_body(result)
             return data.decode("utf-8", "replace")
 
         return await self._call(f"read log of pod {name}", go)
@@ -380,7 +395,7 @@ class KubeClient:
                 _request_timeout=t,
                 _preload_content=False,
             )
-            doc: Obj = json.loads(await result.read())
+            doc: Obj = json.loads(await _raw_body(result))
             return doc
 
         doc = await self._call("list events", go)

@@ -622,45 +622,37 @@ def test_models_volume_matches_config() -> None:
             assert path.startswith("/opt/openmpp/models/"), path
 
 
-def test_template_against_crd_schema() -> None:
-    from proxy.standins.kube import find_crd
+@pytest.mark.parametrize("name", ["base", "sidecar"])
+def test_deploy_template_renders_valid_mpijobs(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ConfigMap's config and template, through `oms-mpijob-proxy render`, give MPIJobs the
+    CRD accepts (strictly), in the right namespace, running the model from the shared volume."""
+    from proxy.cli import main
+    from tests.crd import validate_mpijob
 
-    crd = find_crd()
-    if crd is None:
-        pytest.skip("no MPIJob CRD file (set OMS_MPIJOB_PROXY_CRD)")
-    import jsonschema
-
-    for doc in _load_yaml_docs(crd):
-        if doc.get("kind") != "CustomResourceDefinition":
-            continue
-        version = next(v for v in doc["spec"]["versions"] if v["name"] == proxy_k8s.VERSION)
-        schema = version["schema"]["openAPIV3Schema"]
-        template = yaml.safe_load(
-            (DEPLOY_CONFIG / "mpijob-template.yaml").read_text(encoding="utf-8")
-        )
-        template.setdefault("metadata", {})["name"] = "ompp-check"
-        jsonschema.Draft7Validator(schema).validate(template)
-        _assert_no_unknown_fields(template, schema, "")
-        return
-    pytest.fail(f"{crd}: no CustomResourceDefinition")
-
-
-def _assert_no_unknown_fields(value: Any, schema: Obj, where: str) -> None:
-    """The API server prunes unknown fields silently: make them fail here."""
-    if schema.get("x-kubernetes-preserve-unknown-fields") or not isinstance(value, dict):
-        if isinstance(value, list) and "items" in schema:
-            for i, item in enumerate(value):
-                _assert_no_unknown_fields(item, schema["items"], f"{where}[{i}]")
-        return
-    props = schema.get("properties")
-    extra = schema.get("additionalProperties")
-    for key, item in value.items():
-        if props is not None and key in props:
-            _assert_no_unknown_fields(item, props[key], f"{where}.{key}")
-        elif isinstance(extra, dict):
-            _assert_no_unknown_fields(item, extra, f"{where}.{key}")
-        elif props is not None:
-            pytest.fail(f"unknown field {where}.{key} would be pruned by the API server")
+    config = config_in(kustomize_build(BUILDS[name]), tmp_path)
+    request = ROOT / "tests" / "requests" / "ui-mpi.json"
+    assert main(["render", "--config", str(tmp_path / "proxy.yaml"), str(request)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    mpijob = docs[0]
+    validate_mpijob(mpijob)
+    assert mpijob["metadata"]["namespace"] == config.kubernetes.namespace
+    argv = [
+        str(a)
+        for c in mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+        for a in c.get("command", []) + c.get("args", [])
+    ]
+    assert any(a.startswith(config.mpijob.models_bin_dir + "/") for a in argv), argv
+    for role, replica in mpijob["spec"]["mpiReplicaSpecs"].items():
+        pod = replica["template"]
+        assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false", role
+        assert pod["spec"]["automountServiceAccountToken"] is False, role
+        mounts = [m["mountPath"] for c in pod["spec"]["containers"] for m in c["volumeMounts"]]
+        assert "/opt/openmpp/models" in mounts, role
+    for doc in docs[1:]:
+        assert doc["kind"] == "ConfigMap"
+        _validate(doc)
 
 
 # --- RBAC -----------------------------------------------------------------------------------

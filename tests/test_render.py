@@ -164,7 +164,9 @@ _GoldenDumper.add_representer(str, _str)
 def write_golden(path: Path, docs: list[dict[str, Any]]) -> None:
     """Write the expected manifests (only with UPDATE_GOLDEN=1)."""
     header = "# Expected rendering; regenerate with UPDATE_GOLDEN=1, then review the diff.\n"
-    text = yaml.dump_all(docs, Dumper=_GoldenDumper, sort_keys=False, width=100)
+    text = yaml.dump_all(
+        docs, Dumper=_GoldenDumper, sort_keys=False, width=100, allow_unicode=True
+    )
     path.write_text(header + text, encoding="utf-8")
 
 

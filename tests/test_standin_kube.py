@@ -629,8 +629,15 @@ async def test_suspended_scenario_then_resume_by_merge_patch(
     with pytest.raises(ApiException) as caught:  # a dict is sent as a JSON patch by default
         await custom.patch_namespaced_custom_object(G, V, NS, P, "run-1", resume)
     assert "cannot unmarshal object" in status_of(caught.value)["message"]
+    merge = "application/merge-patch+json"
+    stale = {"metadata": {"resourceVersion": created["metadata"]["resourceVersion"]}, **resume}
+    with pytest.raises(ApiException) as caught:  # the operator has changed the job since
+        await custom.patch_namespaced_custom_object(
+            G, V, NS, P, "run-1", stale, _content_type=merge
+        )
+    assert status_of(caught.value)["reason"] == "Conflict"
     patched = await custom.patch_namespaced_custom_object(
-        G, V, NS, P, "run-1", resume, _content_type="application/merge-patch+json"
+        G, V, NS, P, "run-1", resume, _content_type=merge
     )
     assert patched["metadata"]["generation"] == 2
     await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Succeeded"))

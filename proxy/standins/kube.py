@@ -13,15 +13,17 @@ What it emulates:
   list, watch, ``/log`` with ``follow``) and ``events`` (get, list, watch). ``/version`` and the
   ``kubeflow.org/v2beta1`` discovery document.
 - Admission of an MPIJob as the API server does it: the CRD's OpenAPI schema (when a CRD file is
-  given) with pruning, defaulting and ``fieldValidation`` Strict, Warn (a ``Warning`` header) or
-  Ignore; metadata name, label and annotation rules; quota (``quota_exceeded``).
+  given; needs ``jsonschema``) with pruning, defaulting and ``fieldValidation`` Strict, Warn (a
+  ``Warning`` header) or Ignore; metadata name, label and annotation rules; quota
+  (``quota_exceeded``); optimistic concurrency (409 Conflict) on patch.
 - Errors as real ``Status`` bodies: 400, 401 (``token``), 403 (:meth:`FakeKube.forbid`, quota),
   404 (object, namespace, missing CRD), 405, 409, 410 (watch), 415, 422, and programmed faults
   (:class:`Fault`): 429 with ``Retry-After``, 5xx, delays and dropped connections.
-- The mpi-operator in outline (shared/reference/mpijob.md sections 2 and 4): conditions and Events,
-  the ``<name>-config`` ConfigMap, worker and launcher pods with the operator's labels and owner
-  references, a launcher log that grows line by line, cleanPodPolicy, suspend and resume. Each job's
-  course is a :class:`Scenario`.
+- The mpi-operator in outline (shared/reference/mpijob.md sections 1, 2 and 4): its own validation
+  (a ``ValidationError`` Event and nothing else), conditions and Events, the ``<name>-config``
+  ConfigMap, worker and launcher pods with the operator's labels and owner references, a launcher
+  log that grows line by line, cleanPodPolicy, suspend and resume. Each job's course is a
+  :class:`Scenario`.
 - A record of every request with its RBAC attributes (:attr:`FakeKube.requests`,
   :meth:`FakeKube.rbac_verbs`), so tests can derive the Role the proxy needs.
 
@@ -31,11 +33,13 @@ What it does not emulate:
 - PUT (update), server-side apply, strategic merge patch, ``deletecollection``, list pagination
   (``limit``/``continue``), ``resourceVersionMatch``, duplicate-field detection, Table output.
 - The operator's Service, Secret and launcher batch/v1 Job: the launcher pod is owned by the MPIJob
-  directly and is never restarted. The operator's own validation (``ValidationError`` events) is not
-  run. Garbage collection is immediate rather than eventual.
+  directly and is never restarted (no ``previous`` log). The Failed reason is plain
+  ``BackoffLimitExceeded`` (the real one may carry a ``/<pod reason>`` suffix). Garbage collection
+  is immediate rather than eventual.
 - Watches filter on an object's current state, so an object that stops matching a label selector
-  is not reported as DELETED. Namespaces are fixed at construction. As on a real server, listing
-  a missing namespace answers an empty list, while creating in one answers 404.
+  is not reported as DELETED. There is no namespaces API, only the ``namespaces`` set. As on a
+  real server, listing a missing namespace answers an empty list, while creating in one answers
+  404.
 """
 
 from __future__ import annotations
@@ -652,7 +656,7 @@ def _normalize(value: Any, schema: Json, path: str, unknown: list[str]) -> None:
                     unknown.append(_join_path(path, key))
                     del value[key]
             for key in [k for k, v in value.items() if v is None]:
-                if not props[key].get("nullable"):
+                if not props.get(key, {}).get("nullable"):
                     del value[key]  # null means "unset" unless the schema allows null
             for key, sub in props.items():
                 if key not in value and "default" in sub:
@@ -1360,7 +1364,13 @@ class FakeKube:
         except ValueError as err:
             raise _bad_request(f"invalid watch parameter: {err}") from err
         bookmarks = _is_true(query.get("allowWatchBookmarks"))
-        too_old = 0 < since < self._compacted_rv
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if 0 < since < self._compacted_rv:
+            message = f"too old resource version: {since} ({self._compacted_rv + 1})"
+            await response.prepare(request)
+            await response.write(_event_line("ERROR", _status_body(410, "Expired", message)))
+            return response
+        # From here to the first await, nothing may change, or the watcher would miss it.
         if since == 0:
             store = self._store[kind.resource]
             initial = [
@@ -1375,18 +1385,10 @@ class FakeKube:
         transport = request.transport
         if transport is not None:
             self._streams.add(transport)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
         try:
             await response.prepare(request)
-            if too_old:
-                message = f"too old resource version: {since} ({self._compacted_rv + 1})"
-                status = _status_body(410, "Expired", message)
-                await response.write(
-                    json.dumps({"type": "ERROR", "object": status}).encode() + b"\n"
-                )
-                return response
             await self._pump(watcher, request, response, deadline, bookmarks)
         except ConnectionError:
             _LOGGER.debug("watch client of %s went away", kind.resource)
@@ -1439,7 +1441,7 @@ class FakeKube:
         policy = request.query.get("propagationPolicy") or options.get("propagationPolicy")
         if policy is None:
             orphan = request.query.get("orphanDependents", options.get("orphanDependents"))
-            policy = "Orphan" if orphan in (True, "true") else "Background"
+            policy = "Orphan" if _is_true(str(orphan)) else "Background"
         if policy not in ("Background", "Foreground", "Orphan"):
             message = (
                 f'propagationPolicy: Unsupported value: "{policy}": supported values: '
@@ -1510,6 +1512,13 @@ class FakeKube:
                 "application/apply-patch+yaml",
             )
         meta = patched.setdefault("metadata", {})
+        if meta.get("resourceVersion") not in (None, current["metadata"]["resourceVersion"]):
+            message = (
+                f'Operation cannot be fulfilled on {MPIJOBS.qualified_resource} "{name}": the '
+                "object has been modified; please apply your changes to the latest version and "
+                "try again"
+            )
+            raise _ApiError(409, "Conflict", message, _details(MPIJOBS, name))
         for field in ("name", "namespace", "uid", "creationTimestamp", "generation"):
             meta[field] = current["metadata"][field]
         meta.pop("resourceVersion", None)
