@@ -11,6 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
+
 import aiohttp
 from aiohttp import web
 

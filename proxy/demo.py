@@ -239,7 +239,9 @@ async def play(stack: Stack) -> int:
             t.http("PUT", stop_path, resp.status, resp.headers.get("Content-Location", ""))
         await stack.kube.wait_until(lambda: len(stack.kube.objects("mpijobs", "openmpp")) == 1, 10)
         t.say(f"  MPIJobs left: {[j['metadata']['name'] for j in stack.kube.objects('mpijobs')]}")
-        page = await _follow_log(http, base, state2["ModelDigest"], state2["RunStamp"], Transcript())
+        page = await _follow_log(
+            http, base, state2["ModelDigest"], state2["RunStamp"], Transcript()
+        )
         tail = (page.get("Lines") or [""])[-1]
         t.say(f"  stopped run: IsFinal={page.get('IsFinal')}, last line: {tail}")
         t.say()

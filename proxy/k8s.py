@@ -292,15 +292,33 @@ class KubeClient:
         A 410 Gone (resource version too old) arrives as :class:`KubeError` with
         ``k8s_status == 410``; the caller re-lists.
         """
-        w = k8s_watch.Watch()
+        stream = self._watch(
+            "watch MPIJobs",
+            self.custom.list_namespaced_custom_object,
+            (GROUP, VERSION, self.namespace, PLURAL),
+            label_selector,
+            resource_version,
+            timeout_seconds,
+        )
+        async for item in stream:
+            yield item
+
+    async def _watch(
+        self,
+        what: str,
+        list_fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """One watch request: (event type, raw object) until the server ends it."""
+        w = k8s_watch.Watch(return_type="object")  # raw dicts, no model classes
         self.api_calls += 1
         try:
             async with w.stream(
-                self.custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
+                list_fn,
+                *args,
                 label_selector=label_selector,
                 resource_version=resource_version,
                 timeout_seconds=timeout_seconds,
@@ -310,15 +328,47 @@ class KubeClient:
                 ),
             ) as stream:
                 async for event in stream:
+                    if not isinstance(event, dict):
+                        continue  # a line that is not JSON
                     obj = event.get("raw_object") or event.get("object")
                     if isinstance(obj, dict):
                         yield str(event.get("type")), obj
         except ApiException as e:
-            raise classify_api_exception(e, "watch MPIJobs") from e
+            raise classify_api_exception(e, what) from e
         except TimeoutError as e:
-            raise KubeTimeout("watch MPIJobs: the stream stalled") from e
+            raise KubeTimeout(f"{what}: the stream stalled") from e
         except (aiohttp.ClientError, OSError) as e:
-            raise KubeUnavailable(f"watch MPIJobs: connection lost ({type(e).__name__})") from e
+            raise KubeUnavailable(f"{what}: connection lost ({type(e).__name__})") from e
+        except KubeError:
+            raise
+        except Exception as e:  # kubernetes_asyncio raises a bare Exception for a bad event
+            raise KubeServerError(f"{what}: unreadable event: {truncate(str(e), 200)}") from e
+
+    async def patch_mpijob(self, name: str, patch: Obj) -> Obj:
+        """JSON merge patch (RFC 7386) of an MPIJob; returns the patched object.
+
+        Put ``metadata.resourceVersion`` into ``patch`` to make it conditional: a stale one is
+        answered 409, raised as :class:`KubeAlreadyExists` (the class of every 409).
+        """
+
+        # A dict body would be sent as a JSON patch unless the content type is forced.
+        kwargs: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+
+        async def go(t: float) -> Obj:
+            result: Obj = await self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                patch,
+                field_manager=FIELD_MANAGER,
+                _request_timeout=t,
+                **kwargs,
+            )
+            return result
+
+        return await self._call(f"patch MPIJob {name}", go, retry=False)
 
     async def delete_mpijob(self, name: str, propagation: str = "Foreground") -> None:
         """Delete an MPIJob; its pods, ConfigMaps and Services go with it."""
@@ -358,6 +408,11 @@ class KubeClient:
 
     async def list_pods(self, label_selector: str) -> list[Obj]:
         """Pods matching ``label_selector`` as plain dicts."""
+        items, _rv = await self.list_pods_rv(label_selector)
+        return items
+
+    async def list_pods_rv(self, label_selector: str) -> tuple[list[Obj], str]:
+        """Pods matching ``label_selector`` (plain dicts) and the list's resourceVersion."""
 
         async def go(t: float) -> Obj:
             result: Any = await self.core.list_namespaced_pod(
@@ -366,21 +421,42 @@ class KubeClient:
                 _request_timeout=t,
                 _preload_content=False,
             )
-            doc: Obj = json.loads(await _raw_body(result))
+            doc: Obj = json.loads(await result.read())
             return doc
 
         doc = await self._call("list pods", go)
-        return [i for i in doc.get("items") or () if isinstance(i, dict)]
+        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def read_pod_log(self, name: str, container: str | None = None) -> str:
-        """The whole log of a pod's container (text)."""
+    async def watch_pods(
+        self, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Like :meth:`watch_mpijobs`, for pods."""
+        stream = self._watch(
+            "watch pods",
+            self.core.list_namespaced_pod,
+            (self.namespace,),
+            label_selector,
+            resource_version,
+            timeout_seconds,
+        )
+        async for item in stream:
+            yield item
+
+    async def read_pod_log(
+        self, name: str, container: str | None = None, *, timestamps: bool = False
+    ) -> str:
+        """The whole log of a pod's container (text); ``timestamps`` prefixes each line with its
+        RFC 3339 time, as ``kubectl logs --timestamps``."""
 
         async def go(t: float) -> str:
             kwargs: dict[str, Any] = {"_request_timeout": t, "_preload_content": False}
             if container:
                 kwargs["container"] = container
+            if timestamps:
+                kwargs["timestamps"] = True
             result: Any = await self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
-            data = await _raw_body(result)
+            data: bytes = await result.read()
             return data.decode("utf-8", "replace")
 
         return await self._call(f"read log of pod {name}", go)

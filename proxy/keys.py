@@ -11,6 +11,7 @@ from proxy.config import Config
 
 if TYPE_CHECKING:
     from proxy.k8s import KubeClient
+    from proxy.lifecycle import RunCache
     from proxy.runs import Submitter
     from proxy.template import Template
 
@@ -21,3 +22,5 @@ SUBMITTER: web.AppKey[Submitter | None] = web.AppKey("submitter")
 TEMPLATE: web.AppKey[Template] = web.AppKey("template")
 OMS_BASE: web.AppKey[str] = web.AppKey("oms_base", str)
 STATE: web.AppKey[dict[str, Any]] = web.AppKey("state", dict)
+RUN_CACHE: web.AppKey[RunCache | None] = web.AppKey("run_cache")
+"""The informer cache of launched runs (proxy.lifecycle); None when runs are not intercepted."""

@@ -98,17 +98,16 @@ class Submitter:
         self._models[dn] = (now, info)
         return info
 
-    async def create(self, rendered: RenderedRun, rid: str) -> dict[str, Any]:
+    async def create(self, rendered: RenderedRun, stamps: Stamps) -> dict[str, Any]:
         """Create the MPIJob (and its ConfigMap); exactly one per run stamp."""
         try:
             job = await self.kube.create_mpijob(rendered.mpijob)
         except KubeAlreadyExists as e:
             job = await self.kube.get_mpijob(rendered.name)
             ours = job.get("metadata", {}).get("annotations", {}).get(names.REQUEST_ID_KEY)
-            if ours != rid:
+            if ours != stamps.request_id:
                 raise Conflict(
-                    f"Model run already submitted: run stamp "
-                    f"{rendered.mpijob['metadata']['annotations'][names.RUN_STAMP_KEY]} "
+                    f"Model run already submitted: run stamp {stamps.run_stamp} "
                     f"of this model is MPIJob {rendered.name}"
                 ) from e
         if rendered.configmap is not None:
@@ -237,7 +236,7 @@ async def _submit(
         rendered = render(run, model, config, submitter.template, stamps)
     except RenderError as e:
         raise BadRequest(f"Model start failed: {e}") from e
-    job = await submitter.create(rendered, stamps.request_id)
+    job = await submitter.create(rendered, stamps)
     annotations = job.get("metadata", {}).get("annotations", {})
     # A repeated attempt of the same request answers with the stamps of the MPIJob it created.
     stamps = dataclasses.replace(
@@ -281,4 +280,3 @@ async def dry_run(submitter: Submitter) -> str:
     except (ProxyError, RunRequestError, RenderError) as e:
         return str(getattr(e, "message", e))
     return "ok"
-

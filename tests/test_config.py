@@ -81,16 +81,21 @@ def test_yaml_errors_and_missing_file(tmp_path: Path) -> None:
 def test_overrides_win_and_are_validated() -> None:
     config = apply_overrides(
         Config(),
-        Overrides(host="127.0.0.1", port=1234, oms_url="http://oms:4040", namespace="runs",
-                  log_level="debug"),
+        Overrides(
+            host="127.0.0.1",
+            port=1234,
+            oms_url="http://oms:4040",
+            namespace="runs",
+            log_level="debug",
+        ),
     )
     assert (config.server.host, config.server.port) == ("127.0.0.1", 1234)
     assert config.oms.url == "http://oms:4040"
     assert config.kubernetes.namespace == "runs"
     assert config.logging.level == "DEBUG"
-    with pytest.raises(ConfigError, match="oms.url"):
+    with pytest.raises(ConfigError, match=r"oms\.url"):
         apply_overrides(Config(), Overrides(oms_url="not a url"))
-    with pytest.raises(ConfigError, match="logging.level"):
+    with pytest.raises(ConfigError, match=r"logging\.level"):
         apply_overrides(Config(), Overrides(log_level="loud"))
 
 

@@ -1029,12 +1029,12 @@ def test_sidecar_patches(sidecar: list[Obj], tmp_path: Path) -> None:
 
 
 def test_docs_cover_the_error_messages() -> None:
-    """docs/deploying.md's troubleshooting table quotes what the proxy really says."""
-    doc = (ROOT / "docs" / "deploying.md").read_text(encoding="utf-8")
+    """The README's troubleshooting table quotes what the proxy really says."""
+    doc = (ROOT / "README.md").read_text(encoding="utf-8")
     code = Path(proxy_k8s.__file__).read_text(encoding="utf-8")
     for phrase in ("lacks a permission", "is not installed", "namespace does not exist"):
-        assert phrase in code, f"proxy/k8s.py no longer says {phrase!r}: update docs/deploying.md"
-        assert phrase in doc, f"docs/deploying.md does not explain {phrase!r}"
+        assert phrase in code, f"proxy/k8s.py no longer says {phrase!r}: update README.md"
+        assert phrase in doc, f"README.md does not explain {phrase!r}"
     assert "kubectl get crd mpijobs.kubeflow.org -o jsonpath='{.spec.versions[*].name}'" in doc
     for path in ("k8s/base", "k8s/overlays/routes-only", "k8s/overlays/sidecar"):
         assert path in doc

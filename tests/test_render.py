@@ -49,15 +49,6 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 RISKPATHS = ModelInfo(name="RiskPaths", digest="d90e1e9a49a06d972ecf1d50e684c62b")
 NEWCASEBASED = ModelInfo(name="NewCaseBased", digest="649f17f26d67c37b78dde94f79772445")
 SUBMITTED_AT = datetime(2025, 1, 28, 21, 0, 48, 380000)
-CLIENT_OPTS = {
-    # Options the R and Python examples send that are not in the built-in allow-list.
-    "allowed_opts": ["OpenM.RunName", "OpenM.TaskName", "OpenM.SubValues", "OpenM.Threads"],
-    "allowed_opts_patterns": [
-        r"^[A-Za-z]{2}(_[A-Za-z]{2})?\.RunDescription$",
-        r"^OpenM\.[A-Za-z]+$",
-        r"^Parameter\.[A-Za-z_][A-Za-z0-9_]*$",
-    ],
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +67,6 @@ CASES: dict[str, Case] = {
         "r-script.json",
         RISKPATHS,
         {
-            "runs": CLIENT_OPTS,
             "mpijob": {
                 "slots_per_worker": 2,
                 "cpu_per_thread": "500m",
@@ -86,9 +76,7 @@ CASES: dict[str, Case] = {
         user=None,
     ),
     # Python script: ModelName only, not MPI, intercepted because runs.intercept is "all".
-    "python-script": Case(
-        "python-script.json", NEWCASEBASED, {"runs": {"intercept": "all", **CLIENT_OPTS}}
-    ),
+    "python-script": Case("python-script.json", NEWCASEBASED, {"runs": {"intercept": "all"}}),
     # Tables, run notes, descriptions and microdata: a generated ini file in the ConfigMap.
     "ini-settings": Case(
         "ini-settings.json",
@@ -164,9 +152,7 @@ _GoldenDumper.add_representer(str, _str)
 def write_golden(path: Path, docs: list[dict[str, Any]]) -> None:
     """Write the expected manifests (only with UPDATE_GOLDEN=1)."""
     header = "# Expected rendering; regenerate with UPDATE_GOLDEN=1, then review the diff.\n"
-    text = yaml.dump_all(
-        docs, Dumper=_GoldenDumper, sort_keys=False, width=100, allow_unicode=True
-    )
+    text = yaml.dump_all(docs, Dumper=_GoldenDumper, sort_keys=False, width=100, allow_unicode=True)
     path.write_text(header + text, encoding="utf-8")
 
 

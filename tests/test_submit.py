@@ -58,12 +58,22 @@ async def _post(client: Client, body: Any, **headers: str) -> Any:
 
 
 RUN_STATE_KEYS = {
-    "ModelName", "ModelDigest", "RunStamp", "SubmitStamp", "IsFinal", "UpdateDateTime",
-    "RunName", "TaskRunName", "IsLog", "LogFileName",
+    "ModelName",
+    "ModelDigest",
+    "RunStamp",
+    "SubmitStamp",
+    "IsFinal",
+    "UpdateDateTime",
+    "RunName",
+    "TaskRunName",
+    "IsLog",
+    "LogFileName",
 }
 
 
-async def test_ui_request_creates_one_valid_mpijob(submit_proxy: Client, fake_kube: FakeKube) -> None:
+async def test_ui_request_creates_one_valid_mpijob(
+    submit_proxy: Client, fake_kube: FakeKube
+) -> None:
     resp = await _post(submit_proxy, UI_MPI, **{"kubeflow-userid": "ana@example.org"})
     assert resp.status == 200, await resp.text()
     assert resp.headers["Content-Type"].startswith("application/json")
@@ -71,7 +81,8 @@ async def test_ui_request_creates_one_valid_mpijob(submit_proxy: Client, fake_ku
     assert set(state) == RUN_STATE_KEYS
     assert state["ModelName"] == "RiskPaths"
     assert state["ModelDigest"] == UI_MPI["ModelDigest"]
-    assert state["RunStamp"] and state["SubmitStamp"]
+    assert state["RunStamp"]
+    assert state["SubmitStamp"]
     assert state["IsFinal"] is False
     assert state["RunName"] == "RiskPaths on 4 processes"
     assert state["LogFileName"] == f"RiskPaths.{state['RunStamp']}.console.log"
@@ -91,7 +102,9 @@ async def test_ui_request_creates_one_valid_mpijob(submit_proxy: Client, fake_ku
     assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
 
 
-async def test_r_script_request_keeps_its_run_stamp(submit_proxy: Client, fake_kube: FakeKube) -> None:
+async def test_r_script_request_keeps_its_run_stamp(
+    submit_proxy: Client, fake_kube: FakeKube
+) -> None:
     body = json.loads((REQUESTS / "r-script.json").read_text())
     resp = await _post(submit_proxy, body)
     assert resp.status == 200, await resp.text()

@@ -1495,6 +1495,15 @@ class FakeKube:
         if content_type == "application/merge-patch+json":
             if not isinstance(patch, dict):
                 raise _bad_request("a merge patch must be a JSON object")
+            wanted_rv = (patch.get("metadata") or {}).get("resourceVersion")
+            if wanted_rv is not None and wanted_rv != current["metadata"]["resourceVersion"]:
+                # A resourceVersion in the patch is a precondition, as on a real API server.
+                message = (
+                    f'Operation cannot be fulfilled on {MPIJOBS.qualified_resource} "{name}": '
+                    "the object has been modified; please apply your changes to the latest "
+                    "version and try again"
+                )
+                raise _ApiError(409, "Conflict", message, _details(MPIJOBS, name))
             patched = _merge_patch(copy.deepcopy(current), patch)
         elif content_type == "application/json-patch+json":
             if not isinstance(patch, list):
