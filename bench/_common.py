@@ -272,6 +272,10 @@ http {{
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
             proxy_buffering off;
             proxy_request_buffering off;
+            proxy_buffer_size 256k;
+            proxy_buffers 4 256k;
+            proxy_busy_buffers_size 256k;
+            client_body_buffer_size 256k;
             proxy_read_timeout 600s;
         }}
     }}
@@ -287,7 +291,10 @@ def nginx_path() -> str | None:
 
 
 def start_nginx(oms_url: str, workdir: Path) -> Server | None:
-    """nginx in one process (no master), streaming both ways like the proxy; None if absent."""
+    """nginx in one process (no master), streaming both ways like the proxy; None if absent.
+
+    Reads and writes in 256 KiB buffers, as the proxy does (server.read_chunk_bytes).
+    """
     binary = nginx_path()
     if binary is None:
         return None
@@ -303,9 +310,9 @@ def start_nginx(oms_url: str, workdir: Path) -> Server | None:
     server.url = f"http://{LOOPBACK}:{port}"
     try:
         wait_http(server.url + "/test/small", proc=server)
-    except RuntimeError:
+    except BaseException:
         server.stop()
-        return None
+        raise
     return server
 
 

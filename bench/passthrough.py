@@ -430,11 +430,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             oms = c.start_oms(work, max_seconds=3600)
             servers.append(oms)
-            nginx = None if args.no_nginx else c.start_nginx(oms.url, work)
+            nginx = None
+            if not args.no_nginx:
+                try:
+                    nginx = c.start_nginx(oms.url, work)
+                except RuntimeError as e:
+                    print(f"nginx is installed but did not start; left out: {e}")
             if nginx is not None:
                 servers.append(nginx)
-            elif not args.no_nginx and c.nginx_path():
-                print("nginx is installed but did not start; left out")
             if not args.skip_small:
                 proxies = _start_proxies(args, oms, work, "")
                 servers += proxies

@@ -625,7 +625,9 @@ class RunView:
     final_to_record: FinalMessage | None
     """The start deadline passed here and is not yet in :data:`FINAL_MESSAGE_KEY`."""
     needs_events: datetime | None
-    """Events listed at or after this time would change the view (None: not needed)."""
+    """Events listed at or after this time are needed to freeze the prelude (None: not needed)."""
+    events_live: bool
+    """The run waits to start: its prelude shows the Events as they come (refresh them)."""
     wants_log: bool
     """The launcher's log is needed (it started, and the log is not complete yet)."""
 
@@ -809,7 +811,6 @@ def compute_view(
         else:
             frozen = False
             cutoff = events.fetched_at - settle if events else None
-            needs_events = now  # waiting: fresh events explain why
         chosen = [e for e in entries if cutoff is not None and e.end <= cutoff]
         chosen.sort(key=lambda e: (e.at, e.key))
         event_lines = _cap([e.text for e in chosen])
@@ -850,6 +851,7 @@ def compute_view(
         prelude_to_record=prelude_to_record,
         final_to_record=final_to_record,
         needs_events=needs_events,
+        events_live=recorded_prelude is None and freeze_at is None,
         wants_log=wants_log,
     )
 

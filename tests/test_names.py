@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy import names
 from proxy.names import is_dns1035_label, is_label_value, label_value, mpijob_name, short_hash
@@ -146,3 +148,17 @@ def test_owned_keys_are_ours_or_the_managed_by_label() -> None:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", prefix)
     assert names.MANAGED_BY_VALUE == "oms-mpijob-proxy"
     assert names.RUN_STAMP_KEY == "openmpp.org/run-stamp"
+
+
+@given(st.text(max_size=200))
+def test_label_value_is_always_valid(value: str) -> None:
+    result = label_value(value)
+    assert is_label_value(result)
+    assert result == value or result.endswith(short_hash(value))
+
+
+@given(st.text(max_size=300), st.text(max_size=80))
+def test_mpijob_name_is_always_a_short_dns_label(model: str, stamp: str) -> None:
+    name = mpijob_name("ompp", model, stamp, DIGEST)
+    assert is_dns1035_label(name)
+    assert len(name) <= names.MAX_NAME

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy.config import RunsConfig, config_from_dict
 from proxy.runrequest import (
@@ -821,3 +823,55 @@ def test_ini_quote(value: str, written: str | None) -> None:
 )
 def test_ini_read_value(text: str, value: str | None) -> None:
     assert ini_read_value(text) == value
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60))
+def test_ini_quote_reads_back_exactly_or_refuses(value: str) -> None:
+    written = ini_quote(value)
+    if written is not None:
+        assert ini_read_value(written) == value
+        assert "\n" not in written
+        assert "\r" not in written
+
+
+def _outcome(body: bytes) -> RunRequest | RunRequestError:
+    try:
+        return parse_run_request(body)
+    except RunRequestError as e:
+        return e
+
+
+@settings(deadline=None)
+@given(st.binary(max_size=300))
+def test_any_body_parses_or_is_a_400(body: bytes) -> None:
+    outcome = _outcome(body)
+    assert isinstance(outcome, RunRequest) or outcome.status == 400
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["ModelName", "Mpi", "Opts", "Env", "Threads", "Tables", "RunNotes", "Microdata", "Np", "x"]
+)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(_keys, _json_values, max_size=6))
+def test_any_json_object_parses_or_names_the_field(body: dict[str, Any]) -> None:
+    outcome = _outcome(json.dumps(body).encode())
+    if isinstance(outcome, RunRequestError):
+        assert outcome.message.startswith("Json decode error at /api/run: ")
+        field = outcome.message.removeprefix("Json decode error at /api/run: ").split(":")[0]
+        assert field.split(".")[0].split("[")[0] in body
