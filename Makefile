@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck pytest bench venv clean
+.PHONY: demo test lint typecheck pytest bench soak venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ bench: venv
 	$(PY) bench/passthrough.py
 	$(PY) bench/submit.py
 	$(PY) bench/polling.py
+
+soak: venv
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,16 +1,19 @@
 """Shared helpers for the benchmarks and the memory test: processes, /proc readings, clients.
 
-Everything talks to loopback only. Every server started here gets a lifetime limit and dies with
-the process that started it (PR_SET_PDEATHSIG), every client loop is bounded in bytes or time,
-and every wait has a deadline.
+Everything talks to loopback only. Every server started here is stopped by its owner and, should
+that process die first, gets SIGTERM from Linux (PR_SET_PDEATHSIG); the stand-in oms also exits by
+itself after ``max_seconds``. Every client loop is bounded in bytes or time, every wait has a
+deadline.
 
 Servers (each a separate process):
   - :func:`start_oms` — the stand-in oms (``python -m proxy.standins.serve_oms``);
+  - :func:`start_kube` — the stand-in Kubernetes API (``python -m proxy.standins.serve_kube``);
   - :func:`start_proxy` — the proxy (``python -m proxy serve``) with a temporary config;
   - :func:`start_nginx` — nginx as a reference reverse proxy, when it is installed.
 
-Clients (meant to run in a process of their own, see :func:`run_in_process`):
-  - :func:`get_load` — keep-alive GETs on N connections for a fixed time, with latencies;
+Clients (meant to run in a process of their own: :class:`Worker`, :func:`run_in_process`):
+  - :func:`get_load` — keep-alive GETs on N connections for a fixed time, with latencies
+    (:func:`get_load_workers` spreads them over several worker processes);
   - :func:`wrk_load` — the same through ``wrk`` when it is installed;
   - :func:`download` / :func:`upload` / :func:`transfers` — large bodies over plain sockets,
     optionally throttled, N at once.
@@ -108,13 +111,11 @@ class Server:
             return ""
 
 
-def _child_env(extra_pythonpath: str | None = None) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
+    """This environment, with this checkout last on PYTHONPATH (children run in a temp dir)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    if extra_pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (extra_pythonpath, env.get("PYTHONPATH")) if p
-        )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
     return env
 
 
@@ -205,6 +206,32 @@ def start_oms(workdir: Path, max_seconds: float = 1800.0) -> Server:
     return server
 
 
+def start_kube(
+    workdir: Path,
+    options: Sequence[str] = (),
+    *,
+    name: str = "kube",
+    max_seconds: float = 1800.0,
+) -> tuple[Server, Path]:
+    """The stand-in Kubernetes API (``python -m proxy.standins.serve_kube``) in its own process.
+
+    ``options`` are more flags for it (scenario, validation...). Returns the server and the
+    kubeconfig it wrote (in ``workdir``) for a proxy to use.
+    """
+    kubeconfig = workdir / f"{name}-kubeconfig.yaml"
+    argv = [sys.executable, "-m", "proxy.standins.serve_kube", "--host", LOOPBACK, "--port", "0"]
+    argv += ["--max-seconds", str(max_seconds), "--kubeconfig", str(kubeconfig), *options]
+    server = _spawn(name, argv, workdir, subprocess.PIPE)
+    line = _read_line(server.popen, time.monotonic() + 30)
+    m = re.fullmatch(r"listening on (http://\S+)", line.strip())
+    if m is None:
+        server.stop()
+        raise RuntimeError(f"stand-in Kubernetes API did not start: {line!r}\n{server.log_tail()}")
+    server.url = m.group(1)
+    wait_http(server.url + "/version", proc=server)
+    return server, kubeconfig
+
+
 def write_proxy_config(path: Path, extra: dict[str, Any] | None = None) -> Path:
     """A proxy config for pure pass-through (no Kubernetes), WARNING logs, plus ``extra``."""
     data: dict[str, Any] = {"runs": {"intercept": "none"}, "logging": {"level": "WARNING"}}
@@ -221,17 +248,21 @@ def start_proxy(
     name: str = "proxy",
     extra_config: dict[str, Any] | None = None,
     uvloop: bool = False,
+    code: str | None = None,
 ) -> Server:
     """The proxy (``python -m proxy serve``) in its own process, in front of ``oms_url``.
 
     ``uvloop=True`` runs the very same CLI on uvloop's event loop (only to measure it; the
-    proxy itself does not use uvloop).
+    proxy itself does not use uvloop). ``code``, if given, is run with ``python -c`` in place of
+    ``-m proxy`` with the same arguments; it must end by calling ``proxy.cli.main``.
     """
     port = free_port()
     config = write_proxy_config(workdir / f"{name}.yaml", extra_config)
     args = ["serve", "--config", str(config), "--host", LOOPBACK, "--port", str(port)]
     args += ["--oms-url", oms_url]
-    if uvloop:
+    if code is not None:
+        argv = [sys.executable, "-c", code, *args]
+    elif uvloop:
         code = "import sys, uvloop; uvloop.install(); from proxy.cli import main; sys.exit(main())"
         argv = [sys.executable, "-c", code, *args]
     else:
@@ -334,6 +365,53 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
 
 
+def busy_cpu_seconds() -> float:
+    """CPU time all cores of this machine have spent busy so far (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]  # user .. steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLK_TCK  # minus idle and iowait
+
+
+def own_cpu_seconds() -> float:
+    """CPU time of this process and of its children that have been waited for."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+class CpuMeter:
+    """CPU used over a ``with`` block by given processes, by the clients, and by everything else
+    on the machine ("others": whatever else runs there, which skews the figures).
+
+    The clients' CPU is this process's (including reaped children such as wrk) plus what
+    worker processes report: set ``worker_cpu`` inside the block.
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.used: dict[str, float] = {}
+        self.seconds = 0.0
+        self.worker_cpu = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._own = own_cpu_seconds()
+        self._busy = busy_cpu_seconds()
+        self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._t
+        busy = busy_cpu_seconds() - self._busy
+        self.used = {name: cpu_seconds(pid) - self._start[name] for name, pid in self.pids.items()}
+        self.used["client"] = own_cpu_seconds() - self._own + self.worker_cpu
+        self.used["others"] = max(0.0, busy - sum(self.used.values()))
+
+    def share(self, name: str) -> float:
+        """CPU of ``name`` in % of one core over the block."""
+        return 100 * self.used.get(name, 0.0) / self.seconds if self.seconds else 0.0
+
+
 def status_kib(pid: int, key: str) -> int:
     """A ``kB`` value of /proc/<pid>/status, e.g. VmRSS or VmHWM."""
     with open(f"/proc/{pid}/status") as f:
@@ -426,6 +504,84 @@ def run_in_process(fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
     if status != "ok":
         raise RuntimeError(value)
     return value
+
+
+def _serve_calls(conn: Connection) -> None:
+    """A worker's loop: run each ``(fn, args)`` received, answer (status, value, cpu seconds)."""
+    for _ in range(100_000):
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        fn, args = msg
+        cpu0 = time.process_time()
+        try:
+            value = fn(*args)
+        except Exception as e:
+            conn.send(("error", f"{type(e).__name__}: {e}", time.process_time() - cpu0))
+        else:
+            conn.send(("ok", value, time.process_time() - cpu0))
+
+
+class Worker:
+    """A client process kept for many calls, so that its start-up is not measured."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_calls, args=(child,), daemon=True)
+        self._proc.start()
+        child.close()
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> tuple[Any, float]:
+        """``fn(*args)`` in the worker: (result, the worker's CPU seconds for it)."""
+        self._conn.send((fn, args))
+        if not self._conn.poll(timeout):
+            self.close()
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} took more than {timeout} s")
+        status, value, cpu = self._conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value, cpu
+
+    def close(self) -> None:
+        """Stop the worker (killed if it does not stop at once)."""
+        with contextlib.suppress(OSError):
+            self._conn.send(None)
+        self._proc.join(2)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(2)
+        self._conn.close()
+
+
+def call_all(
+    workers: Sequence[Worker],
+    calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    timeout: float,
+) -> tuple[list[Any], float]:
+    """One call per worker, all at once: (results in order, total worker CPU seconds)."""
+    results: list[Any] = [None] * len(calls)
+    cpu = [0.0] * len(calls)
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        fn, args = calls[i]
+        try:
+            results[i], cpu[i] = workers[i].call(fn, *args, timeout=timeout)
+        except (RuntimeError, TimeoutError, OSError, EOFError) as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 10)
+    if errors or any(t.is_alive() for t in threads):
+        raise RuntimeError("; ".join(errors) or "a client worker did not answer")
+    return results, sum(cpu)
 
 
 # --- keep-alive GET load ------------------------------------------------------------------------
@@ -560,28 +716,13 @@ def get_load(url: str, connections: int, seconds: float) -> Load:
     return asyncio.run(_get_load(host, port, path, connections, seconds))
 
 
-def get_load_procs(url: str, connections: int, seconds: float, procs: int) -> Load:
-    """:func:`get_load` split over ``procs`` client processes (at most one per connection)."""
-    procs = max(1, min(procs, connections))
-    shares = [connections // procs + (1 if i < connections % procs else 0) for i in range(procs)]
-    if procs == 1:
-        return run_in_process(get_load, url, connections, seconds, timeout=seconds + 60)  # type: ignore[no-any-return]
-    results: list[Load] = []
-    errors: list[str] = []
-
-    def one(n: int) -> None:
-        try:
-            results.append(run_in_process(get_load, url, n, seconds, timeout=seconds + 60))
-        except (RuntimeError, TimeoutError) as e:
-            errors.append(str(e))
-
-    threads = [threading.Thread(target=one, args=(n,)) for n in shares]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(seconds + 90)
-    if errors or len(results) != procs:
-        raise RuntimeError("; ".join(errors) or "a client process did not report")
+def get_load_workers(url: str, connections: int, seconds: float, workers: Sequence[Worker]) -> Load:
+    """:func:`get_load` split over client worker processes (at most one per connection)."""
+    n = max(1, min(len(workers), connections))
+    shares = [connections // n + (1 if i < connections % n else 0) for i in range(n)]
+    results, cpu = call_all(
+        workers[:n], [(get_load, (url, k, seconds)) for k in shares], timeout=seconds + 60
+    )
     lat = sorted(v for r in results for v in r.latencies_us)
     return Load(
         requests=len(lat),
@@ -590,8 +731,8 @@ def get_load_procs(url: str, connections: int, seconds: float, procs: int) -> Lo
         latencies_us=lat,
         p50_us=percentile(lat, 50),
         p99_us=percentile(lat, 99),
-        client_cpu_seconds=sum(r.client_cpu_seconds for r in results),
-        client=f"python x{procs}",
+        client_cpu_seconds=cpu,
+        client=f"python x{n}",
     )
 
 

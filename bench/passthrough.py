@@ -16,13 +16,15 @@ Measured:
     and with 8 transfers at once. The proxy is restarted for the transfers, so "idle" is the
     RSS of a fresh, warmed-up proxy.
 
-Caveat printed with the results: this machine may have few cores; the client, oms and the proxy
-then share them, and the throughput figures include that contention (CPU shares are shown).
+The CPU columns show each party's share (% of one core): on a machine with few cores the client,
+oms and the proxy compete, and the throughput figures include that contention; "others" is CPU
+used by processes outside the benchmark, which skews everything (a warning is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -48,8 +50,7 @@ class Target:
     """Something to send requests to: oms directly, the proxy, or nginx."""
 
     name: str
-    server: c.Server
-    is_proxy: bool  # its CPU and memory are the ones the targets are about
+    server: c.Server  # for "direct", oms itself
 
     @property
     def url(self) -> str:
@@ -77,6 +78,8 @@ class TransferRow:
     streams: int
     target: str
     mb_s: float
+    proxy_cpu_s_per_gb: float | None
+    cpu_share: dict[str, float]
     idle_mib: float | None
     start_mib: float | None
     peak_mib: float | None
@@ -124,11 +127,37 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _load(args: argparse.Namespace, url: str, conc: int, seconds: float) -> c.Load:
+@dataclasses.dataclass
+class Clients:
+    """Client worker processes, started once (their start-up is not measured)."""
+
+    small: list[c.Worker]  # for the python small-request client
+    transfers: c.Worker
+
+    @classmethod
+    def start(cls, args: argparse.Namespace) -> Clients:
+        n = max(1, args.client_procs) if args.client == "python" else 0
+        return cls([c.Worker() for _ in range(n)], c.Worker())
+
+    def close(self) -> None:
+        for w in [*self.small, self.transfers]:
+            w.close()
+
+
+def _load(
+    args: argparse.Namespace,
+    clients: Clients,
+    url: str,
+    conc: int,
+    seconds: float,
+    meter: c.CpuMeter | None = None,
+) -> c.Load:
     if args.client == "wrk":
-        return c.wrk_load(url, conc, seconds)
-    result: c.Load = c.get_load_procs(url, conc, seconds, args.client_procs)
-    return result
+        return c.wrk_load(url, conc, seconds)  # its CPU counts as this process's children's
+    load = c.get_load_workers(url, conc, seconds, clients.small)
+    if meter is not None:
+        meter.worker_cpu = load.client_cpu_seconds
+    return load
 
 
 def _mib(kib: int) -> float:
@@ -143,18 +172,20 @@ def _start_proxies(args: argparse.Namespace, oms: c.Server, work: Path, tag: str
 
 
 def _targets(oms: c.Server, proxies: list[c.Server], nginx: c.Server | None) -> list[Target]:
-    out = [Target("direct", oms, False)]
+    out = [Target("direct", oms)]
     for p in proxies:
-        out.append(Target(p.name.split("#")[0], p, True))
+        out.append(Target(p.name.split("#")[0], p))
     if nginx is not None:
-        out.append(Target("nginx", nginx, False))
+        out.append(Target("nginx", nginx))
     return out
 
 
 # --- small requests -----------------------------------------------------------------------------
 
 
-def run_small(args: argparse.Namespace, oms: c.Server, targets: list[Target]) -> list[SmallRow]:
+def run_small(
+    args: argparse.Namespace, clients: Clients, oms: c.Server, targets: list[Target]
+) -> list[SmallRow]:
     rows: list[SmallRow] = []
     print(
         f"\nSmall JSON GET /test/small, {args.duration:g} s per point after {args.warmup:g} s "
@@ -163,7 +194,7 @@ def run_small(args: argparse.Namespace, oms: c.Server, targets: list[Target]) ->
     header = (
         f"{'conn':>4} {'target':<13} {'req/s':>8} {'x direct':>8} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'+p50 ms':>8} {'+p99 ms':>8} {'proxy us/req':>12} {'oms us/req':>10} "
-        f"{'cpu% proxy/oms/client':>22}"
+        f"{'cpu% proxy/oms/client/others':>29}"
     )
     print(header)
     print("-" * len(header))
@@ -171,13 +202,12 @@ def run_small(args: argparse.Namespace, oms: c.Server, targets: list[Target]) ->
         direct: SmallRow | None = None
         for t in targets:
             url = t.url + "/test/small"
-            _load(args, url, conc, args.warmup)
-            pid = t.server.pid
-            cpu0 = c.cpu_seconds(pid)
-            oms0 = c.cpu_seconds(oms.pid)
-            load = _load(args, url, conc, args.duration)
-            oms_cpu = c.cpu_seconds(oms.pid) - oms0
-            own_cpu = c.cpu_seconds(pid) - cpu0
+            _load(args, clients, url, conc, args.warmup)
+            pids = {"oms": oms.pid}
+            if t.server is not oms:
+                pids["proxy"] = t.server.pid
+            with c.CpuMeter(pids) as cpu:
+                load = _load(args, clients, url, conc, args.duration, cpu)
             n = max(load.requests, 1)
             row = SmallRow(
                 conc=conc,
@@ -187,13 +217,9 @@ def run_small(args: argparse.Namespace, oms: c.Server, targets: list[Target]) ->
                 p99_ms=load.p99_us / 1000,
                 requests=load.requests,
                 errors=load.errors,
-                proxy_cpu_us=own_cpu / n * 1e6 if t.name != "direct" else None,
-                oms_cpu_us=oms_cpu / n * 1e6,
-                cpu_share={
-                    "proxy": 100 * own_cpu / load.seconds if t.name != "direct" else 0.0,
-                    "oms": 100 * oms_cpu / load.seconds,
-                    "client": 100 * load.client_cpu_seconds / load.seconds,
-                },
+                proxy_cpu_us=cpu.used["proxy"] / n * 1e6 if "proxy" in pids else None,
+                oms_cpu_us=cpu.used["oms"] / n * 1e6,
+                cpu_share={k: cpu.share(k) for k in ("proxy", "oms", "client", "others")},
                 client=load.client,
             )
             rows.append(row)
@@ -203,6 +229,11 @@ def run_small(args: argparse.Namespace, oms: c.Server, targets: list[Target]) ->
     return rows
 
 
+def _shares(share: dict[str, float], has_proxy: bool) -> str:
+    prx = f"{share['proxy']:.0f}" if has_proxy else "-"
+    return f"{prx}/{share['oms']:.0f}/{share['client']:.0f}/{share['others']:.0f}"
+
+
 def _print_small(row: SmallRow, direct: SmallRow | None) -> None:
     ratio = f"{row.rps / direct.rps:8.2f}" if direct and direct.rps else f"{'':8}"
     if direct is not None and row is not direct:
@@ -210,13 +241,11 @@ def _print_small(row: SmallRow, direct: SmallRow | None) -> None:
     else:
         added = f"{'-':>8} {'-':>8}"
     proxy_cpu = f"{row.proxy_cpu_us:12.0f}" if row.proxy_cpu_us is not None else f"{'-':>12}"
-    share = row.cpu_share
-    prx = f"{share['proxy']:.0f}" if row.target != "direct" else "-"
-    shares = f"{prx}/{share['oms']:.0f}/{share['client']:.0f}"
+    shares = _shares(row.cpu_share, row.proxy_cpu_us is not None)
     errors = f"  ({row.errors} errors)" if row.errors else ""
     print(
         f"{row.conc:>4} {row.target:<13} {row.rps:8.0f} {ratio} {row.p50_ms:8.3f} "
-        f"{row.p99_ms:8.3f} {added} {proxy_cpu} {row.oms_cpu_us:10.0f} {shares:>22}{errors}",
+        f"{row.p99_ms:8.3f} {added} {proxy_cpu} {row.oms_cpu_us:10.0f} {shares:>29}{errors}",
         flush=True,
     )
 
@@ -230,7 +259,7 @@ def _warm_transfers(url: str) -> None:
 
 
 def run_transfers(
-    args: argparse.Namespace, oms: c.Server, targets: list[Target]
+    args: argparse.Namespace, clients: Clients, oms: c.Server, targets: list[Target]
 ) -> list[TransferRow]:
     size = args.size_mib * c.MIB
     rate = args.slow_rate * 1e6
@@ -272,13 +301,15 @@ def run_transfers(
             time.sleep(0.3)
             idle[t.name] = _mib(c.status_kib(t.server.pid, "VmRSS"))
     print(
-        f"\nTransfers of {args.size_mib} MiB (MB = 10^6 bytes); RSS of the proxy in MiB; "
-        f"idle = fresh proxy after a 1 MiB warm-up: "
+        f"\nTransfers of {args.size_mib} MiB (MB = 10^6 bytes). s/GB: proxy CPU seconds per GB"
+        " moved. start/peak: the proxy's RSS (MiB) before and at most during the transfer;"
+        " +idle: peak minus the RSS of the fresh proxy after a 1 MiB warm-up ("
         + ", ".join(f"{k} {v:.1f}" for k, v in idle.items())
+        + "); limit: 8 MiB per stream"
     )
     header = (
-        f"{'transfer':<34} {'target':<13} {'MB/s':>7} {'x direct':>8} {'start':>7} "
-        f"{'peak':>7} {'+idle':>7} {'limit':>7}"
+        f"{'transfer':<34} {'target':<13} {'MB/s':>7} {'x direct':>8} {'s/GB':>6} {'start':>6} "
+        f"{'peak':>6} {'+idle':>6} {'limit':>6} {'cpu% proxy/oms/client/others':>29}"
     )
     print(header)
     print("-" * len(header))
@@ -290,12 +321,14 @@ def run_transfers(
                 continue
             slow = client_rate is not None or "slow" in path
             timeout = (size * streams / (rate if slow else 50e6)) + 120
-            peak: c.PeakRss | None = None
-            if t.name != "direct":
-                peak = c.PeakRss(t.server.pid)
-                peak.__enter__()
-            try:
-                results: list[c.Transfer] = c.run_in_process(
+            pids = {"oms": oms.pid}
+            if t.server is not oms:
+                pids["proxy"] = t.server.pid
+            with contextlib.ExitStack() as stack:
+                peak = stack.enter_context(c.PeakRss(t.server.pid)) if "proxy" in pids else None
+                cpu = stack.enter_context(c.CpuMeter(pids))
+                results: list[c.Transfer]
+                results, cpu.worker_cpu = clients.transfers.call(
                     c.transfers,
                     kind,
                     t.url,
@@ -306,9 +339,6 @@ def run_transfers(
                     args.verify,
                     timeout=timeout,
                 )
-            finally:
-                if peak is not None:
-                    peak.__exit__(None, None, None)
             for r in results:
                 if r.status != 200 or r.bytes != size:
                     raise RuntimeError(f"{label} via {t.name}: {r}")
@@ -320,6 +350,10 @@ def run_transfers(
                 streams=streams,
                 target=t.name,
                 mb_s=size * streams / span / 1e6,
+                proxy_cpu_s_per_gb=(
+                    cpu.used["proxy"] / (size * streams / 1e9) if "proxy" in pids else None
+                ),
+                cpu_share={k: cpu.share(k) for k in ("proxy", "oms", "client", "others")},
                 idle_mib=idle.get(t.name),
                 start_mib=_mib(peak.start_kib) if peak else None,
                 peak_mib=_mib(peak.peak_kib) if peak else None,
@@ -335,12 +369,17 @@ def _print_transfer(row: TransferRow, direct: TransferRow | None) -> None:
     ratio = f"{row.mb_s / direct.mb_s:8.2f}" if direct else f"{'-':>8}"
     if row.peak_mib is not None and row.idle_mib is not None and row.start_mib is not None:
         mem = (
-            f"{row.start_mib:7.1f} {row.peak_mib:7.1f} {row.peak_mib - row.idle_mib:+7.1f} "
-            f"{'+' + format(RSS_PER_STREAM_MIB * row.streams, '.0f'):>7}"
+            f"{row.start_mib:6.1f} {row.peak_mib:6.1f} {row.peak_mib - row.idle_mib:+6.1f} "
+            f"{'+' + format(RSS_PER_STREAM_MIB * row.streams, '.0f'):>6}"
         )
     else:
-        mem = f"{'-':>7} {'-':>7} {'-':>7} {'-':>7}"
-    print(f"{row.scenario:<34} {row.target:<13} {row.mb_s:7.0f} {ratio} {mem}", flush=True)
+        mem = f"{'-':>6} {'-':>6} {'-':>6} {'-':>6}"
+    gb = f"{row.proxy_cpu_s_per_gb:6.2f}" if row.proxy_cpu_s_per_gb is not None else f"{'-':>6}"
+    shares = _shares(row.cpu_share, row.proxy_cpu_s_per_gb is not None)
+    print(
+        f"{row.scenario:<34} {row.target:<13} {row.mb_s:7.0f} {ratio} {gb} {mem} {shares:>29}",
+        flush=True,
+    )
 
 
 # --- targets ------------------------------------------------------------------------------------
@@ -426,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     small: list[SmallRow] = []
     transfers: list[TransferRow] = []
     servers: list[c.Server] = []
+    clients = Clients.start(args)
     with c.workdir() as work:
         try:
             oms = c.start_oms(work, max_seconds=3600)
@@ -441,18 +481,26 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_small:
                 proxies = _start_proxies(args, oms, work, "")
                 servers += proxies
-                small = run_small(args, oms, _targets(oms, proxies, nginx))
+                small = run_small(args, clients, oms, _targets(oms, proxies, nginx))
                 for p in proxies:
                     p.stop()
                     servers.remove(p)
             if not args.skip_transfers:
                 proxies = _start_proxies(args, oms, work, "#2")
                 servers += proxies
-                transfers = run_transfers(args, oms, _targets(oms, proxies, nginx))
+                transfers = run_transfers(args, clients, oms, _targets(oms, proxies, nginx))
         finally:
+            clients.close()
             for s in reversed(servers):
                 s.stop()
 
+    others = [r.cpu_share["others"] for r in [*small, *transfers]]
+    if others and max(others) > 15:
+        print(
+            f"\nwarning: processes outside this benchmark used {sum(others) / len(others):.0f}% "
+            f"of a core on average (up to {max(others):.0f}%, column 'others'); the figures are "
+            "skewed by that: rerun on a quiet machine."
+        )
     results = checks(small, transfers, "proxy")
     print("\nTargets (proxy vs direct; nginx and uvloop rows are for reference only)")
     for chk in results:

@@ -8,6 +8,7 @@ import time
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.passthrough import REQUEST_ID_KEY
 
@@ -31,6 +32,42 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class BadRequestLogFilter(logging.Filter):
+    """Shortens aiohttp's record of a malformed request to one line without the request's bytes.
+
+    aiohttp logs it as an error with a traceback whose message quotes the offending line, which
+    may be an ``Authorization`` or ``Cookie`` header. The client gets that text in its 400 (its
+    own bytes); the log gets the error's class and the peer, at INFO: it is the client's fault.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = "malformed request from %s: %s (%s)"
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.args = (peer, type(exc).__name__, exc.code)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_BAD_REQUEST_FILTER = BadRequestLogFilter()
+
+# Loggers whose DEBUG output carries request or response bodies (kubernetes_asyncio logs every
+# response body, which echoes the submitted MPIJob): kept at INFO whatever logging.level says.
+_BODY_LOGGERS = ("kubernetes_asyncio.client.rest",)
+
+
+def install_log_filters() -> None:
+    """Keep secrets and request bytes out of third-party log records (idempotent)."""
+    server = logging.getLogger("aiohttp.server")
+    if _BAD_REQUEST_FILTER not in server.filters:
+        server.addFilter(_BAD_REQUEST_FILTER)
+    for name in _BODY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def setup_logging(level: str) -> None:

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from proxy import headers as hdr
+from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, install_log_filters
 from proxy.config import Config
-from proxy.errors import Handler, ProxyError, error_response
+from proxy.errors import BadRequest, Handler, ProxyError, error_response
 from proxy.k8s import KubeClient, load_api_client
 from proxy.keys import CONFIG, KUBE, OMS_BASE, SESSION, STATE, SUBMITTER, TEMPLATE
+from proxy.lifecycle import CacheTuning, setup_lifecycle
 from proxy.passthrough import REQUEST_ID_KEY, forward
 from proxy.runs import Submitter, dry_run, handle_submit
 from proxy.template import load_template
@@ -27,6 +31,26 @@ from proxy.template import load_template
 _LOGGER = logging.getLogger(__name__)
 
 _MAX_REQUEST_ID = 128
+
+# After an answer given before the request body was read (413, 408, 415...), aiohttp reads and
+# discards what the client still sends for at most this long before closing, so that the client
+# sees the answer rather than a connection reset.
+LINGER_SECONDS = 2.0
+
+
+def server_options(config: Config) -> dict[str, Any]:
+    """Keyword arguments for aiohttp's server (``web.run_app``, ``AppRunner``, ``TestServer``).
+
+    aiohttp's keep-alive timer runs from the moment a connection opens and from each answer
+    until a request's head is complete, so it also bounds a client dribbling its headers.
+    """
+    return {
+        "keepalive_timeout": config.server.client_header_timeout_seconds,
+        "lingering_time": LINGER_SECONDS,
+        "access_log_class": (
+            JsonAccessLoggerWithHealth if config.server.access_log_health else JsonAccessLogger
+        ),
+    }
 
 
 def _request_id(incoming: str | None) -> str:
@@ -41,14 +65,16 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     """Give every request an id, and map project errors to answers (errors.error_response)."""
     request[REQUEST_ID_KEY] = _request_id(request.headers.get(hdr.REQUEST_ID))
     try:
+        if request.version.major != 1:  # aiohttp's parser takes "GET /x" (0.9) with headers
+            raise BadRequest("Unsupported HTTP version: HTTP/1.0 or HTTP/1.1 expected")
         return await handler(request)
     except ProxyError as err:
-        if err.status >= 500:
-            _LOGGER.warning(
-                "%s %s -> %d: %s", request.method, request.path, err.status, err.message
-            )
+        if err.status >= 500:  # str(err) is the log form (errors.KubeError)
+            _LOGGER.warning("%s %s -> %d: %s", request.method, request.path, err.status, err)
         response = error_response(err)
         response.headers[hdr.REQUEST_ID] = request[REQUEST_ID_KEY]
+        if not request.content.is_eof():
+            response.force_close()  # the rest of the body will not be read
         return response
 
 
@@ -135,6 +161,8 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
             dry_run_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await dry_run_task
+        if (started := app[SUBMITTER]) is not None:
+            await started.close()
         await session.close()
         if kube is not None:
             await kube.close()
@@ -151,8 +179,27 @@ async def _start_up_dry_run(app: web.Application, submitter: Submitter) -> None:
         _LOGGER.error("start-up dry-run of an MPIJob create failed: %s", result)
 
 
-def create_app(config: Config) -> web.Application:
-    """Build the proxy application for ``config``."""
+_gc_frozen = False
+
+
+async def _freeze_gc(app: web.Application) -> None:
+    """Once per process, after start-up: collect, then put every live object out of GC's reach.
+
+    What is alive now (imported modules, kubernetes_asyncio's models, the config) lives for the
+    whole process, yet each full collection would walk it all again: about 20 ms per collection,
+    which showed as the p99 latency under load. ``gc.freeze`` keeps those objects out of later
+    collections; reference counting still frees them as usual.
+    """
+    global _gc_frozen
+    if not _gc_frozen:
+        _gc_frozen = True
+        gc.collect()
+        gc.freeze()
+
+
+def create_app(config: Config, *, tuning: CacheTuning | None = None) -> web.Application:
+    """Build the proxy application for ``config`` (``tuning``: run-cache timings, for tests)."""
+    install_log_filters()
     app = web.Application(middlewares=[request_context], client_max_size=config.runs.max_body_bytes)
     app[CONFIG] = config
     app[OMS_BASE] = config.oms.url.rstrip("/")
@@ -160,8 +207,11 @@ def create_app(config: Config) -> web.Application:
     if config.runs.intercept != "none":
         app[TEMPLATE] = load_template(config.template_path())
     app.cleanup_ctx.append(_clients)
+    app.on_startup.append(_freeze_gc)
     app.router.add_get("/healthz", healthz, allow_head=True)
     app.router.add_get("/readyz", readyz, allow_head=True)
     app.router.add_post("/api/run", handle_submit)
-    app.router.add_route("*", "/{tail:.*}", passthrough)
+    if config.runs.intercept != "none":
+        setup_lifecycle(app, tuning)
+    app.router.add_route("*", r"/{tail:[\s\S]*}", passthrough)  # any path, %0A included
     return app

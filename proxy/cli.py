@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, setup_logging
-    from proxy.app import create_app
+    from proxy.accesslog import setup_logging
+    from proxy.app import create_app, server_options
 
     config = load_config(
         args.config,
@@ -84,12 +84,9 @@ def _serve(args: argparse.Namespace) -> int:
         host=config.server.host,
         port=config.server.port,
         shutdown_timeout=config.server.shutdown_grace_seconds,
-        keepalive_timeout=config.server.client_header_timeout_seconds,
-        access_log_class=(
-            JsonAccessLoggerWithHealth if config.server.access_log_health else JsonAccessLogger
-        ),
         print=None,
         handle_signals=True,
+        **server_options(config),
     )
     return 0
 

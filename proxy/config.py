@@ -115,7 +115,17 @@ class ServerConfig:
     )
     client_header_timeout_seconds: float = dataclasses.field(
         default=60.0,
-        metadata=_doc("Keep-alive idle time allowed to a client before the connection is closed."),
+        metadata=_doc(
+            "Time a client has to send a request's line and headers, from connecting or from "
+            "the previous answer on a kept-alive connection; past it the connection is closed."
+        ),
+    )
+    client_body_timeout_seconds: float = dataclasses.field(
+        default=60.0,
+        metadata=_doc(
+            "Longest pause while a client sends a request body (a POST /api/run body must "
+            "arrive whole within it); past it: 408 and the connection is closed."
+        ),
     )
     read_chunk_bytes: int = dataclasses.field(
         default=262144,
@@ -435,6 +445,7 @@ def _check(config: Config) -> None:
     need(
         s.client_header_timeout_seconds > 0, "server.client_header_timeout_seconds", "expected > 0"
     )
+    need(s.client_body_timeout_seconds > 0, "server.client_body_timeout_seconds", "expected > 0")
     need(4096 <= s.read_chunk_bytes <= 16 << 20, "server.read_chunk_bytes", "expected 4096..16 MiB")
     need(
         s.identity_header == "" or re.fullmatch(r"[A-Za-z0-9-]+", s.identity_header) is not None,

@@ -34,8 +34,8 @@ class ProxyError(Exception):
     retry_after: float | None = None
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message)
         self.message = truncate(message)
+        super().__init__(self.message)
         if retry_after is not None:
             self.retry_after = retry_after
 
@@ -59,6 +59,12 @@ class PayloadTooLarge(ProxyError):
     """Body over the configured limit."""
 
     status = 413
+
+
+class RequestTimeout(ProxyError):
+    """The client paused too long while sending its request body."""
+
+    status = 408
 
 
 class UnsupportedMediaType(ProxyError):
@@ -99,7 +105,13 @@ class UpstreamTimeout(ProxyError):
 
 
 class KubeError(ProxyError):
-    """A failure of the Kubernetes API, with the decoded ``Status`` fields."""
+    """A failure of the Kubernetes API, with the decoded ``Status`` fields.
+
+    ``message`` is the client's answer and may quote the API server's ``Status`` message, which
+    can echo the submitted object (the client's own Opts, notes...). ``str()`` is the form for
+    logs: ``log_message`` when the classifier gave one (the message without what the API
+    server quoted), else the message.
+    """
 
     status = 502
 
@@ -111,11 +123,19 @@ class KubeError(ProxyError):
         reason: str = "",
         causes: tuple[str, ...] = (),
         retry_after: float | None = None,
+        log_message: str | None = None,
     ) -> None:
         super().__init__(message, retry_after=retry_after)
         self.k8s_status = k8s_status
         self.reason = reason
         self.causes = causes
+        self.log_message = truncate(log_message) if log_message is not None else None
+
+    def __str__(self) -> str:
+        return self.log_message if self.log_message is not None else self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
 
 
 class KubeAlreadyExists(KubeError):
@@ -195,9 +215,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ProxyError as err:
         if err.status >= 500:
-            _LOGGER.warning(
-                "%s %s -> %d: %s", request.method, request.path, err.status, err.message
-            )
+            _LOGGER.warning("%s %s -> %d: %s", request.method, request.path, err.status, err)
         return error_response(err)
     except web.HTTPException:
         raise

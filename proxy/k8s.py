@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
+from yarl import URL
 
+from proxy import __version__
 from proxy.config import Config, ConfigError
 from proxy.errors import (
     KubeAlreadyExists,
@@ -46,6 +49,7 @@ GROUP = "kubeflow.org"
 VERSION = "v2beta1"
 PLURAL = "mpijobs"
 FIELD_MANAGER = "oms-mpijob-proxy"
+USER_AGENT = f"oms-mpijob-proxy/{__version__}"
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -75,6 +79,20 @@ def _retry_after(headers: Any) -> float | None:
         return None
 
 
+# Statuses whose message the API server builds from names, namespaces and permissions only.
+# Other messages (400/422 causes, 5xx text, anything from a proxy in between) may quote the
+# submitted object, so logs get the status, reason and cause fields without them.
+_MESSAGE_SAFE_TO_LOG = frozenset({401, 403, 404, 409, 410})
+
+
+def _without_body(e: ApiException) -> ApiException:
+    """``e`` without its body, once classified: it is chained to the KubeError raised, and a
+    logged traceback would print the body, which can be megabytes and can echo the submitted
+    object. Status, reason and headers stay."""
+    cast(Any, e).body = None
+    return e
+
+
 def classify_api_exception(e: ApiException, what: str) -> KubeError:
     """Map an ApiException to the project's error class by status and ``Status.reason``."""
     status_doc = _decode_status(e.body)
@@ -90,6 +108,14 @@ def classify_api_exception(e: ApiException, what: str) -> KubeError:
     )[:20]
     retry_after = _retry_after(e.headers)
     kw: dict[str, Any] = {"k8s_status": code, "reason": reason, "causes": causes}
+    if code not in _MESSAGE_SAFE_TO_LOG:
+        fields = sorted(
+            {str(c.get("field")) for c in details.get("causes") or () if isinstance(c, dict)}
+            - {"", "None"}
+        )[:20]
+        kw["log_message"] = f"{what}: the Kubernetes API answered {code} {reason}".rstrip() + (
+            f" (fields: {', '.join(fields)})" if fields else ""
+        )
     if code == 409:
         return KubeAlreadyExists(f"{what}: already exists: {message}", **kw)
     if code in (400, 422):
@@ -178,7 +204,37 @@ async def load_api_client(kubeconfig: str) -> k8s_client.ApiClient:
         raise ConfigError(
             kubeconfig or "<kubernetes config>", "kubernetes.kubeconfig", f"unusable: {e}"
         ) from e
-    return k8s_client.ApiClient(configuration=cfg)
+    api = k8s_client.ApiClient(configuration=cfg)
+    api.user_agent = USER_AGENT  # tells the proxy's calls apart in API audit logs
+    _resolve_env_proxy_once(api)
+    return api
+
+
+def _resolve_env_proxy_once(api: k8s_client.ApiClient) -> None:
+    """Read the proxy environment once, instead of on every Kubernetes API request.
+
+    kubernetes_asyncio's session trusts the environment, so aiohttp looked up
+    HTTP(S)_PROXY/NO_PROXY and read ~/.netrc twice per request, each time in a worker thread:
+    about a third of the proxy's CPU time per submission (bench/submit.py). The proxy for the
+    API server (if any) is now looked up here, once, and set as the client's explicit proxy,
+    which is what the environment would have given on every request. Credentials from
+    ~/.netrc are never used for the API server: the client sends its own Authorization
+    header, which aiohttp refuses to combine with netrc credentials anyway.
+    """
+    rest = api.rest_client
+    host = api.configuration.host
+    if host and not rest.proxy:
+        try:
+            proxy, proxy_auth = get_env_proxy_for_url(URL(host))
+        except LookupError:
+            pass  # no proxy for this host (none set, or NO_PROXY matches)
+        else:
+            rest.proxy = str(proxy)
+            if proxy_auth is not None:
+                headers = dict(rest.proxy_headers or {})
+                headers["Proxy-Authorization"] = proxy_auth.encode()
+                rest.proxy_headers = headers
+    rest.pool_manager._trust_env = False
 
 
 class KubeClient:
@@ -217,7 +273,7 @@ class KubeClient:
                 async with asyncio.timeout(remaining):
                     return await fn(remaining)
             except ApiException as e:
-                err, cause = classify_api_exception(e, what), e
+                err, cause = classify_api_exception(e, what), _without_body(e)
             except TimeoutError as e:
                 raise KubeTimeout(
                     f"{what}: no answer from the Kubernetes API in {self._timeout:g} s"
@@ -234,7 +290,10 @@ class KubeClient:
                 if err.retry_after is not None and err.k8s_status == 429
                 else (self._backoff * 2 ** (attempt - 1))
             )
-            delay = min(delay, max(0.0, deadline - time.monotonic() - 0.05))
+            budget = max(0.0, deadline - time.monotonic() - 0.05)
+            if err.k8s_status == 429 and delay > budget:
+                raise err from cause  # its Retry-After is past the deadline: say so at once
+            delay = min(delay, budget)
             _LOGGER.info("%s: retry %d/%d in %.2f s: %s", what, attempt, self._retries, delay, err)
             await asyncio.sleep(delay)
 
@@ -334,7 +393,7 @@ class KubeClient:
                     if isinstance(obj, dict):
                         yield str(event.get("type")), obj
         except ApiException as e:
-            raise classify_api_exception(e, what) from e
+            raise classify_api_exception(e, what) from _without_body(e)
         except TimeoutError as e:
             raise KubeTimeout(f"{what}: the stream stalled") from e
         except (aiohttp.ClientError, OSError) as e:
@@ -444,10 +503,17 @@ class KubeClient:
             yield item
 
     async def read_pod_log(
-        self, name: str, container: str | None = None, *, timestamps: bool = False
+        self,
+        name: str,
+        container: str | None = None,
+        *,
+        timestamps: bool = False,
+        tail_lines: int | None = None,
     ) -> str:
-        """The whole log of a pod's container (text); ``timestamps`` prefixes each line with its
-        RFC 3339 time, as ``kubectl logs --timestamps``."""
+        """The log of a pod's container (text): all of it, or its last ``tail_lines`` lines.
+
+        ``timestamps`` prefixes each line with its RFC 3339 time (``kubectl logs --timestamps``).
+        """
 
         async def go(t: float) -> str:
             kwargs: dict[str, Any] = {"_request_timeout": t, "_preload_content": False}
@@ -455,6 +521,8 @@ class KubeClient:
                 kwargs["container"] = container
             if timestamps:
                 kwargs["timestamps"] = True
+            if tail_lines is not None:
+                kwargs["tail_lines"] = tail_lines
             result: Any = await self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
             data: bytes = await result.read()
             return data.decode("utf-8", "replace")

@@ -17,7 +17,8 @@ from aiohttp import web
 from yarl import URL
 
 from proxy import headers as hdr
-from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ProxyError, RequestTimeout, UpstreamTimeout, UpstreamUnavailable
+from proxy.keys import CONFIG
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -42,32 +43,60 @@ def upstream_url(base: str, request: web.BaseRequest) -> URL:
     """
     raw = request.raw_path
     if not raw.startswith("/"):
-        raw = "/" + URL(raw).raw_path_qs.lstrip("/")
+        path = URL(raw).raw_path_qs
+        raw = path if path.startswith("/") else "/" + path  # "//x" stays "//x", as sent
     return URL(base + raw, encoded=True)
 
 
-async def _body_chunks(request: web.BaseRequest, chunk: int) -> AsyncIterator[bytes]:
-    content = request.content
-    while True:
-        data = await content.read(chunk)
-        if not data:
-            return
-        yield data
+def body_timeout(request: web.Request) -> float | None:
+    """``server.client_body_timeout_seconds`` of the request's app (None: no limit)."""
+    config = request.config_dict.get(CONFIG)
+    return config.server.client_body_timeout_seconds if config is not None else None
 
 
-def _request_body(
-    request: web.BaseRequest, chunk: int
-) -> tuple[bytes | AsyncIterator[bytes] | None, int | None, bool]:
-    """(body, content length, whether it must be read first) for the upstream request."""
+def body_timed_out() -> RequestTimeout:
+    """The error for a client that paused too long in its request body."""
+    return RequestTimeout("Request body not received in time")
+
+
+class _BodyStream:
+    """The client's body in chunks; each read must bring data within ``timeout`` seconds.
+
+    A stalled client would otherwise hold its connection and one to oms for ever. The stall is
+    noted in ``timed_out``: aiohttp's client reports a failing body only as a broken exchange.
+    """
+
+    def __init__(self, request: web.Request, chunk: int, timeout: float | None) -> None:
+        self._content = request.content
+        self._chunk = chunk
+        self._timeout = timeout
+        self.timed_out = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    data = await self._content.read(self._chunk)
+            except TimeoutError as e:
+                self.timed_out = True
+                raise body_timed_out() from e
+            if not data:
+                return
+            yield data
+
+
+def _request_body(request: web.Request, chunk: int) -> tuple[_BodyStream | None, int | None, bool]:
+    """(body stream, content length, whether to read it whole first) for the upstream request."""
+    timeout = body_timeout(request)
     length = request.content_length
     if length is not None:
         if length == 0:
             return None, 0, False
         if length <= SMALL_BODY:
             return None, length, True
-        return _body_chunks(request, chunk), length, False
+        return _BodyStream(request, chunk, timeout), length, False
     if request.body_exists:  # chunked upload: stream it on, chunked
-        return _body_chunks(request, chunk), None, False
+        return _BodyStream(request, chunk, timeout), None, False
     return None, None, False
 
 
@@ -84,13 +113,19 @@ async def forward(
     ``body`` replaces the request body when the caller has already read it (it is then sent
     byte-for-byte as read).
     """
+    stream: _BodyStream | None = None
     if body is not None:
         data: bytes | AsyncIterator[bytes] | None = body
         length: int | None = len(body)
     else:
-        data, length, read_first = _request_body(request, chunk)
+        stream, length, read_first = _request_body(request, chunk)
+        data = stream.chunks() if stream is not None else None
         if read_first:
-            data = await request.read()
+            try:
+                async with asyncio.timeout(body_timeout(request)):
+                    data = await request.read()
+            except TimeoutError as e:
+                raise body_timed_out() from e
     out_headers = hdr.upstream_request_headers(
         request.headers,
         peer=request.remote,
@@ -110,19 +145,26 @@ async def forward(
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         )
-    except TimeoutError as e:
-        raise UpstreamTimeout("oms did not answer in time") from e
-    except aiohttp.ClientConnectorError as e:
-        raise UpstreamUnavailable(f"oms is unreachable: {e.os_error.strerror or e}") from e
-    except aiohttp.ClientPayloadError as e:
-        raise UpstreamUnavailable("the request body could not be sent to oms") from e
-    except (aiohttp.ClientError, OSError) as e:
-        raise UpstreamUnavailable(f"oms broke the exchange: {type(e).__name__}") from e
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        if stream is not None and stream.timed_out:
+            raise body_timed_out() from e
+        raise _upstream_error(e) from e
 
     try:
         return await _relay(request, upstream, chunk)
     finally:
         upstream.release()
+
+
+def _upstream_error(e: TimeoutError | aiohttp.ClientError | OSError) -> ProxyError:
+    """The project error for a failed request to oms."""
+    if isinstance(e, TimeoutError):
+        return UpstreamTimeout("oms did not answer in time")
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return UpstreamUnavailable(f"oms is unreachable: {e.os_error.strerror or e}")
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return UpstreamUnavailable("the request body could not be sent to oms")
+    return UpstreamUnavailable(f"oms broke the exchange: {type(e).__name__}")
 
 
 async def _relay(

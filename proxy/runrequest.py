@@ -269,15 +269,19 @@ def _int(raw: _Raw, cur: int, path: str) -> int:
     raise _expected(path, "an integer", raw)
 
 
-def _str_map(raw: _Raw, cur: Mapping[str, str], path: str) -> Mapping[str, str]:
+def _str_map(raw: _Raw, cur: dict[str, str], path: str) -> dict[str, str]:
+    """Decode an object of strings *into* ``cur`` (changed in place, as Go merges maps).
+
+    In place, not into a copy: copying for every repeated key made a body of repeated
+    ``"Opts":{}`` after one large Opts cost quadratic time (minutes for 1 MB).
+    """
     pairs = _pairs(raw, path)
     if pairs is None:
-        return _EMPTY
-    out = dict(cur)
+        return {}
     for key, value in pairs:
         k = _fix(key)
-        out[k] = _str(value, "", f"{path}[{json.dumps(k, ensure_ascii=False)}]")
-    return MappingProxyType(out)
+        cur[k] = _str(value, "", f"{path}[{json.dumps(k, ensure_ascii=False)}]")
+    return cur
 
 
 def _list(
@@ -373,6 +377,8 @@ def _decode_request(raw: _Raw) -> RunRequest:
     if raw is not None and not isinstance(raw, _Obj):
         raise _expected("", "a JSON object", raw)
     replace = dataclasses.replace
+    opts: dict[str, str] = {}
+    env: dict[str, str] = {}
     for key, v in _pairs(raw, "") or ():
         match _field(key, _REQUEST_FIELDS):
             case "ModelName":
@@ -384,9 +390,9 @@ def _decode_request(raw: _Raw) -> RunRequest:
             case "Dir":
                 req = replace(req, dir=_str(v, req.dir, "Dir"))
             case "Opts":
-                req = replace(req, opts=_str_map(v, req.opts, "Opts"))
+                opts = _str_map(v, opts, "Opts")
             case "Env":
-                req = replace(req, env=_str_map(v, req.env, "Env"))
+                env = _str_map(v, env, "Env")
             case "Threads":
                 req = replace(req, threads=_int(v, req.threads, "Threads"))
             case "IsMpi":
@@ -402,7 +408,7 @@ def _decode_request(raw: _Raw) -> RunRequest:
             case "RunNotes":
                 notes = _list(v, req.run_notes, RunNote(), _run_note, "RunNotes")
                 req = replace(req, run_notes=notes)
-    return req
+    return replace(req, opts=MappingProxyType(opts), env=MappingProxyType(env))
 
 
 # --- checking ---------------------------------------------------------------------------------

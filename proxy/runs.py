@@ -9,6 +9,8 @@ whose object carries this request's id is our own earlier attempt and counts as 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -28,6 +30,10 @@ from proxy.errors import (
     Conflict,
     KubeAlreadyExists,
     KubeError,
+    KubeObjectNotFound,
+    KubeServerError,
+    KubeTimeout,
+    KubeUnavailable,
     PayloadTooLarge,
     ProxyError,
     TooManyRequests,
@@ -36,7 +42,8 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.k8s import KubeClient
-from proxy.passthrough import forward, request_id
+from proxy.lifecycle import notify_created
+from proxy.passthrough import body_timed_out, body_timeout, forward, request_id
 from proxy.render import RenderedRun, RenderError, Stamps, render
 from proxy.runrequest import (
     ModelInfo,
@@ -55,6 +62,21 @@ _LOGGER = logging.getLogger(__name__)
 # Headers that carry the caller's identity to oms when the proxy looks a model up for them.
 _AUTH_HEADERS = ("Authorization", "Cookie", "X-Api-Key")
 
+# After a create whose outcome is unknown (no answer in time, connection lost, 5xx), the proxy
+# looks for the MPIJob this many times, every quarter of kubernetes.request_timeout_seconds, and
+# deletes it if the create landed late: the client was told it failed, and would submit again.
+LATE_CREATE_CHECKS = 12
+
+
+@dataclasses.dataclass
+class _LateCreateCheck:
+    """The background removal of one MPIJob whose create failed with an unknown outcome."""
+
+    request_id: str
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    stopped: bool = False
+    task: asyncio.Task[None] | None = None
+
 
 @dataclasses.dataclass
 class Submitter:
@@ -68,6 +90,7 @@ class Submitter:
     stamps: StampSource = dataclasses.field(default_factory=StampSource)
     in_flight: int = 0
     _models: dict[str, tuple[float, ModelInfo]] = dataclasses.field(default_factory=dict)
+    _late: dict[str, _LateCreateCheck] = dataclasses.field(default_factory=dict)
 
     async def resolve_model(self, dn: str, request: web.Request) -> ModelInfo:
         """The model by digest or name, as oms knows it (cached briefly)."""
@@ -99,11 +122,28 @@ class Submitter:
         return info
 
     async def create(self, rendered: RenderedRun, stamps: Stamps) -> dict[str, Any]:
-        """Create the MPIJob (and its ConfigMap); exactly one per run stamp."""
+        """Create the MPIJob (and its ConfigMap); exactly one per run stamp.
+
+        When it fails, no MPIJob stays: a create with an unknown outcome is watched for and
+        undone in the background (:meth:`_remove_late`).
+        """
+        check = self._late.get(rendered.name)
+        if check is not None and check.request_id == stamps.request_id:
+            # A retry of that very request: it may claim the object, so stop removing it.
+            async with check.lock:
+                check.stopped = True
         try:
             job = await self.kube.create_mpijob(rendered.mpijob)
+        except (KubeTimeout, KubeUnavailable, KubeServerError) as e:
+            if e.k8s_status != 429:  # a 429 is refused before anything is applied
+                self._watch_late_create(rendered.name, stamps.request_id)
+            raise
         except KubeAlreadyExists as e:
-            job = await self.kube.get_mpijob(rendered.name)
+            try:
+                job = await self.kube.get_mpijob(rendered.name)
+            except KubeError:  # it may be ours, from an attempt whose answer was lost
+                self._watch_late_create(rendered.name, stamps.request_id)
+                raise
             ours = job.get("metadata", {}).get("annotations", {}).get(names.REQUEST_ID_KEY)
             if ours != stamps.request_id:
                 raise Conflict(
@@ -117,9 +157,53 @@ class Submitter:
             except KubeAlreadyExists:
                 pass  # our own earlier attempt
             except KubeError:
-                await _delete_quietly(self.kube, rendered.name)
+                if not await _delete_quietly(self.kube, rendered.name):
+                    self._watch_late_create(rendered.name, stamps.request_id)
                 raise
         return job
+
+    def _watch_late_create(self, name: str, request_id: str) -> None:
+        old = self._late.get(name)
+        if old is not None and not old.stopped:
+            return
+        check = _LateCreateCheck(request_id)
+        self._late[name] = check
+        check.task = asyncio.create_task(self._remove_late(name, check))
+
+    async def _remove_late(self, name: str, check: _LateCreateCheck) -> None:
+        """Delete MPIJob ``name`` if it appears with this request's id; bounded in time."""
+        interval = self.config.kubernetes.request_timeout_seconds / 4
+        try:
+            for _ in range(LATE_CREATE_CHECKS):
+                await asyncio.sleep(interval)
+                async with check.lock:
+                    if check.stopped or await self._remove_if_ours(name, check.request_id):
+                        return
+        finally:
+            if self._late.get(name) is check:
+                del self._late[name]
+
+    async def _remove_if_ours(self, name: str, rid: str) -> bool:
+        """True once there is nothing left to do: the MPIJob is not ours, or is deleted."""
+        try:
+            job = await self.kube.get_mpijob(name)
+        except KubeError:
+            return False  # not there (yet), or the API is still failing: look again
+        if job.get("metadata", {}).get("annotations", {}).get(names.REQUEST_ID_KEY) != rid:
+            return True
+        if not await _delete_quietly(self.kube, name):
+            return False
+        _LOGGER.warning("deleted MPIJob %s: its create was answered as failed", name)
+        return True
+
+    async def close(self) -> None:
+        """Stop the background removals (at shutdown)."""
+        tasks = [c.task for c in self._late.values() if c.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _quote_segment(s: str) -> str:
@@ -141,27 +225,39 @@ def _owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
-async def _delete_quietly(kube: KubeClient, name: str) -> None:
+async def _delete_quietly(kube: KubeClient, name: str) -> bool:
+    """Delete a half-created MPIJob; whether it is gone."""
     try:
         await kube.delete_mpijob(name, propagation="Background")
+    except KubeObjectNotFound:
+        return True
     except ProxyError as e:
-        _LOGGER.error("could not remove half-created MPIJob %s: %s", name, e.message)
+        _LOGGER.error("could not remove half-created MPIJob %s: %s", name, e)
+        return False
+    return True
 
 
 async def read_limited(request: web.Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading them all."""
+    """The request body, refusing more than ``limit`` bytes without reading them all.
+
+    The whole body must arrive within ``server.client_body_timeout_seconds`` (408 otherwise).
+    """
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        data = await request.content.read(65536)
-        if not data:
-            break
-        size += len(data)
-        if size > limit:
-            raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
-        chunks.append(data)
+    try:
+        async with asyncio.timeout(body_timeout(request)):
+            while True:
+                data = await request.content.read(65536)
+                if not data:
+                    break
+                size += len(data)
+                if size > limit:
+                    raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
+                chunks.append(data)
+    except TimeoutError as e:
+        raise body_timed_out() from e
     return b"".join(chunks)
 
 
@@ -237,6 +333,7 @@ async def _submit(
     except RenderError as e:
         raise BadRequest(f"Model start failed: {e}") from e
     job = await submitter.create(rendered, stamps)
+    notify_created(request.app, job)
     annotations = job.get("metadata", {}).get("annotations", {})
     # A repeated attempt of the same request answers with the stamps of the MPIJob it created.
     stamps = dataclasses.replace(

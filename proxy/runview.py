@@ -178,6 +178,8 @@ class RunInfo:
     submit_stamp: str
     run_name: str
     created: datetime
+    submitted: datetime
+    """When the proxy submitted it (``openmpp.org/submitted-at``, ms precision), else created."""
     mpi_np: int
     """``mpirun -n``."""
     workers: int
@@ -227,6 +229,17 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
+def _submitted(value: Any) -> datetime | None:
+    """``openmpp.org/submitted-at``: ISO 8601, local time when it has no offset."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (moment.astimezone() if moment.tzinfo is None else moment).astimezone(UTC)
+
+
 def run_info(job: Obj) -> RunInfo | None:
     """The run an MPIJob carries, or None if it is not one of ours (annotations missing)."""
     ann = _annotations(job)
@@ -256,6 +269,7 @@ def run_info(job: Obj) -> RunInfo | None:
         submit_stamp=str(ann.get(names.SUBMIT_STAMP_KEY) or run_stamp),
         run_name=_opt(argv, "-OpenM.RunName") or "",
         created=created,
+        submitted=_submitted(ann.get(names.SUBMITTED_AT_KEY)) or created,
         mpi_np=_int(np_text, workers * slots) if np_text else workers * slots,
         workers=workers,
         slots=slots,
@@ -335,16 +349,6 @@ def launcher_state(pod: Obj | None) -> LauncherState | None:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class LauncherLog:
-    """The launcher container's log as read (``kubectl logs``), maybe with timestamps."""
-
-    text: str
-    timestamped: bool = False
-    complete: bool = False
-    """No more output will come: read after the container ended, or the pod is gone."""
-
-
 _TS_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ")
 
 
@@ -355,31 +359,115 @@ def _printable_strip(s: str) -> str:
     return s[:end]
 
 
-def log_lines(log: LauncherLog | None) -> tuple[tuple[str, ...], datetime | None]:
-    """(model output lines, time of the last one) from a log read.
+def _parse_raw(raw: str, timestamped: bool) -> tuple[str, datetime | None]:
+    """One raw log line: (text as oms shows it, its timestamp)."""
+    at: datetime | None = None
+    if timestamped:
+        m = _TS_PREFIX.match(raw)
+        if m:
+            raw, at = raw[m.end() :], _time(m[1])
+    return _printable_strip(raw), at
 
-    Like oms's ``readLogFile``: only lines ended by a newline (the last one too once the log is
-    complete), trailing blanks and non-printables removed, empty lines skipped.
+
+@dataclasses.dataclass(frozen=True)
+class LauncherLog:
+    """The launcher container's output, as oms's ``readLogFile`` reads a log file.
+
+    ``lines`` are the complete lines, right-trimmed, empty ones skipped; ``pending`` is a last
+    line without its newline yet, shown only once the log is ``complete``.
     """
-    if log is None or not log.text:
+
+    lines: tuple[str, ...] = ()
+    last_time: datetime | None = None
+    """Timestamp of the last line (logs read with timestamps only)."""
+    complete: bool = False
+    """No more output will come: read after the container ended, or the pod is gone."""
+    pending: str = ""
+
+    @classmethod
+    def parse(cls, text: str, *, timestamped: bool = False, complete: bool = False) -> LauncherLog:
+        """A whole log as read (``kubectl logs [--timestamps]``)."""
+        buf = LogBuffer(timestamped=timestamped)
+        buf.add_full(text)
+        return buf.snapshot(complete=complete)
+
+    def finished(self) -> LauncherLog:
+        """The same output, marked complete."""
+        return dataclasses.replace(self, complete=True)
+
+
+def log_lines(log: LauncherLog | None) -> tuple[tuple[str, ...], datetime | None]:
+    """(model output lines, time of the last one) as shown for a log."""
+    if log is None:
         return (), None
-    parts = log.text.split("\n")
-    tail = parts.pop()
-    if log.complete and tail:
-        parts.append(tail)
-    out: list[str] = []
-    last: datetime | None = None
-    for raw in parts:
-        line = raw
-        if log.timestamped:
-            m = _TS_PREFIX.match(raw)
-            if m:
-                line = raw[m.end() :]
-                last = _time(m[1]) or last
-        line = _printable_strip(line)
-        if line:
-            out.append(line)
-    return tuple(out), last
+    if log.complete and log.pending:
+        return (*log.lines, log.pending), log.last_time
+    return log.lines, log.last_time
+
+
+class LogBuffer:
+    """The launcher log of one run, grown by whole or tail reads (no I/O here).
+
+    A tail read (``tailLines``) is joined to what is known by finding the last few raw lines
+    read before (timestamps make them unique) in it; when they are not there, more was written
+    than the tail holds and :meth:`add_tail` asks for a whole read instead.
+    """
+
+    ANCHOR = 3
+
+    def __init__(self, *, timestamped: bool = True) -> None:
+        self.timestamped = timestamped
+        self.lines: list[str] = []
+        self.last_time: datetime | None = None
+        self.pending = ""
+        self._recent: list[str] = []  # the last raw complete lines, for joining tail reads
+        self.reads = 0
+
+    @property
+    def empty(self) -> bool:
+        """Nothing was read yet."""
+        return self.reads == 0
+
+    def _split(self, text: str) -> tuple[list[str], str]:
+        parts = text.split("\n")
+        tail = parts.pop()
+        return parts, tail
+
+    def _append(self, raws: list[str], tail: str) -> None:
+        for raw in raws:
+            line, at = _parse_raw(raw, self.timestamped)
+            if at is not None:
+                self.last_time = at
+            if line:
+                self.lines.append(line)
+        self._recent = (self._recent + raws)[-self.ANCHOR :]
+        self.pending = _parse_raw(tail, self.timestamped)[0]
+        self.reads += 1
+
+    def add_full(self, text: str) -> None:
+        """A read of the whole log."""
+        raws, tail = self._split(text)
+        self.lines, self.last_time, self._recent = [], None, []
+        self._append(raws, tail)
+
+    def add_tail(self, text: str, tail_lines: int) -> bool:
+        """A read of the last ``tail_lines`` lines; False if it does not join what is known."""
+        raws, tail = self._split(text)
+        if self._recent:
+            n = len(self._recent)
+            for i in range(len(raws) - n, -1, -1):
+                if raws[i : i + n] == self._recent:
+                    self._append(raws[i + n :], tail)
+                    return True
+            return False
+        if len(raws) + (1 if tail else 0) < tail_lines:  # fewer than asked: the whole log
+            self.add_full(text)
+            return True
+        return False
+
+    def snapshot(self, *, complete: bool) -> LauncherLog:
+        """What is known now, as a :class:`LauncherLog`."""
+        return LauncherLog(tuple(self.lines), self.last_time, complete, self.pending)
 
 
 # --- events and conditions -----------------------------------------------------------------------
@@ -944,7 +1032,7 @@ def run_pub(view: RunView, tz: tzinfo | None = None) -> dict[str, Any]:
     """
     info = view.info
     status = view.status if view.is_final else "i"
-    created = format_time(info.created, tz)
+    created = format_time(info.submitted, tz)
     return {
         "ModelName": info.model_name,
         "ModelDigest": info.model_digest,

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import create_app
+from proxy.app import create_app, server_options
 from proxy.config import Config, config_from_dict
 from proxy.standins.oms import FakeOms
 
@@ -42,11 +42,13 @@ ProxyFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]
 @pytest.fixture
 async def make_proxy(
     aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
+    aiohttp_server: Callable[..., Awaitable[TestServer]],
 ) -> ProxyFactory:
-    """Build a proxy TestClient for a Config."""
+    """Build a proxy TestClient for a Config, served with the same options as ``serve``."""
 
     async def factory(config: Config) -> TestClient[web.Request, web.Application]:
-        return await aiohttp_client(create_app(config))
+        server = await aiohttp_server(create_app(config), **server_options(config))
+        return await aiohttp_client(server)
 
     return factory
 
@@ -142,3 +144,51 @@ async def kube_api(fake_kube: Any, kube_connect: KubeConnect) -> Any:
 
 
 # --- end kube stand-in fixtures ---
+
+
+# --- RBAC derived from the suite ---
+# Every Kubernetes API call the proxy itself makes (recognised by its User-Agent) during the whole
+# test suite is recorded; at the end of a full run, the set of (apiGroup, resource, verb) must
+# equal the Role in k8s/base/rbac/role.yaml: every call the code makes is granted, nothing more.
+
+PROXY_CALLS: set[tuple[str, str, str]] = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_proxy_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.k8s import USER_AGENT
+    from proxy.standins.kube import FakeKube
+
+    original = FakeKube._record
+
+    async def recording(self: FakeKube, request: web.Request) -> Any:
+        recorded = await original(self, request)
+        if recorded.user_agent == USER_AGENT and recorded.resource:
+            sub = f"/{recorded.subresource}" if recorded.subresource else ""
+            PROXY_CALLS.add((recorded.api_group, recorded.resource + sub, recorded.verb))
+        return recorded
+
+    monkeypatch.setattr(FakeKube, "_record", recording)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """On a full, green run, compare the recorded calls with the Role."""
+    opt = session.config.option
+    if exitstatus != 0 or opt.keyword or opt.markexpr or session.testscollected < 500:
+        return  # a partial run does not exercise every code path
+    from tests.test_deploy import rbac_rules_from_role
+
+    granted = rbac_rules_from_role()
+    if granted != PROXY_CALLS:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            "RBAC does not match the code: calls made but not granted: "
+            f"{sorted(PROXY_CALLS - granted)}; granted but never made: "
+            f"{sorted(granted - PROXY_CALLS)}"
+        )
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- end RBAC derived from the suite ---

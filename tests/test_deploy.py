@@ -664,10 +664,11 @@ EXPECTED_RBAC: frozenset[tuple[str, str, str]] = frozenset(
         ("kubeflow.org", "mpijobs", "get"),
         ("kubeflow.org", "mpijobs", "list"),
         ("kubeflow.org", "mpijobs", "watch"),
+        ("kubeflow.org", "mpijobs", "patch"),
         ("kubeflow.org", "mpijobs", "delete"),
         ("", "configmaps", "create"),
-        ("", "pods", "get"),
         ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("", "pods/log", "get"),
         ("", "events", "list"),
     }

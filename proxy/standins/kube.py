@@ -201,6 +201,7 @@ class RecordedRequest:
     namespace: str
     name: str
     body: Any
+    user_agent: str = ""
 
 
 # --- helpers: files, kubeconfig, serving ----------------------------------------------------
@@ -1082,6 +1083,7 @@ class FakeKube:
             path=request.path,
             query=query,
             body=body,
+            user_agent=request.headers.get("User-Agent", ""),
             **_request_attributes(request.method, request.path, query),
         )
         self.requests.append(recorded)

@@ -2,8 +2,9 @@
 
 It answers the oms routes the proxy and the OpenM++ UI use, with oms's shapes and its plain-text
 errors (shared/reference/oms-api.md), plus a few test routes under ``/test/`` (echo, sized
-downloads and uploads, status codes, slow and chunked answers). It keeps a small in-memory
-"database" of runs that tests fill to play a model writing its ``run_lst`` row.
+downloads and uploads, status codes, slow and chunked answers, a download cut mid-way) and two
+fault switches for every route (``delay``, ``drop``). It keeps a small in-memory "database" of
+runs that tests fill to play a model writing its ``run_lst`` row.
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ class FakeOms:
         self.run_posts: list[bytes] = []
         self.oms_name = oms_name
         self.url = ""  # set by whoever serves it
+        # Faults for tests: every request waits ``delay`` seconds, then, if ``drop``, its
+        # connection is closed without an answer.
+        self.delay = 0.0
+        self.drop = False
         self.app = self._make_app()
 
     def find_model(self, dn: str) -> Model | None:
@@ -148,6 +153,12 @@ class FakeOms:
     @web.middleware
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append((request.method, request.raw_path, dict(request.headers)))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.drop:
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=500)  # never sent
         result: web.StreamResponse = await handler(request)
         return result
 
@@ -306,6 +317,18 @@ class FakeOms:
         await resp.write_eof()
         return resp
 
+    async def reset(self, request: web.Request) -> web.StreamResponse:
+        """Announce ``size`` bytes, send half of them, then cut the connection."""
+        size = int(request.match_info["size"])
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = size
+        await resp.prepare(request)
+        await resp.write(_BLOCK[: min(size // 2, len(_BLOCK))])
+        await asyncio.sleep(0.05)  # let the half reach the client first
+        if request.transport is not None:
+            request.transport.abort()
+        return resp
+
     async def upload(self, request: web.Request) -> web.Response:
         h = hashlib.sha256()
         n = 0
@@ -353,6 +376,7 @@ class FakeOms:
         r.add_get("/api/service/state", self.service_state)
         r.add_get("/test/download/{size:[0-9]+}", self.download)
         r.add_route("*", "/test/upload", self.upload)
+        r.add_get("/test/reset/{size:[0-9]+}", self.reset)
         r.add_get("/test/status/{code:[0-9]+}", self.status)
         r.add_get("/test/slow/{seconds}", self.slow)
         r.add_get("/test/small", self.small)

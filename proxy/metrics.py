@@ -1,0 +1,101 @@
+"""Prometheus metrics, one registry per app (so several apps in one process never collide).
+
+Exposed at ``GET /metrics`` in the Prometheus text format. Names and labels:
+
+- ``omsproxy_requests_total{route_class, status}``: requests answered, by route class
+  (``passthrough``, ``run_submit``, ``run_log``, ``run_stop``, ``run_status``, ``service_state``,
+  ``health``) and HTTP status;
+- ``omsproxy_request_duration_seconds{route_class}``: time in the proxy, first byte in to last
+  byte out (a streamed download counts whole);
+- ``omsproxy_oms_request_duration_seconds``: time until oms's response headers;
+- ``omsproxy_kubernetes_request_duration_seconds{operation}``: each Kubernetes API call, retries
+  included;
+- ``omsproxy_mpijob_submissions_total{outcome}``: ``created``, ``conflict``, ``quota``,
+  ``invalid``, ``rejected`` (request refused before Kubernetes), ``error`` (anything else);
+- ``omsproxy_launched_runs{phase}``: launched runs the proxy currently knows, by phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _PhaseCollector(Collector):
+    """Reads the run phases from a callback at scrape time (no work on the request path)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[str, int]] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "omsproxy_launched_runs",
+            "Launched MPIJob runs known to the proxy, by phase",
+            labels=["phase"],
+        )
+        if self.source is not None:
+            for phase, count in sorted(self.source().items()):
+                family.add_metric([phase], count)
+        yield family
+
+
+class Metrics:
+    """The proxy's metrics in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "omsproxy_requests", "Requests answered", ["route_class", "status"], registry=r
+        )
+        self.request_duration = Histogram(
+            "omsproxy_request_duration_seconds",
+            "Time in the proxy per request",
+            ["route_class"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.oms_duration = Histogram(
+            "omsproxy_oms_request_duration_seconds",
+            "Time until oms's response headers",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.kube_duration = Histogram(
+            "omsproxy_kubernetes_request_duration_seconds",
+            "Kubernetes API calls, retries included",
+            ["operation"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.submissions = Counter(
+            "omsproxy_mpijob_submissions", "MPIJob submissions by outcome", ["outcome"], registry=r
+        )
+        self.phases = _PhaseCollector()
+        r.register(self.phases)
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+def submission_outcome(status: int) -> str:
+    """The outcome label for a submit answer's HTTP status."""
+    if status == 200:
+        return "created"
+    if status == 409:
+        return "conflict"
+    if status == 429:
+        return "quota"
+    if status == 422:
+        return "invalid"
+    if 400 <= status < 500:
+        return "rejected"
+    return "error"
