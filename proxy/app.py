@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,10 +23,22 @@ from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, instal
 from proxy.config import Config
 from proxy.errors import BadRequest, Handler, ProxyError, error_response
 from proxy.k8s import KubeClient, load_api_client
-from proxy.keys import CONFIG, KUBE, OMS_BASE, SESSION, STATE, SUBMITTER, TEMPLATE
+from proxy.keys import (
+    CONFIG,
+    KUBE,
+    METRICS,
+    OMS_BASE,
+    RUN_CACHE,
+    SESSION,
+    STATE,
+    SUBMITTER,
+    TEMPLATE,
+)
 from proxy.lifecycle import CacheTuning, setup_lifecycle
+from proxy.metrics import Metrics, submission_outcome
 from proxy.passthrough import REQUEST_ID_KEY, forward
-from proxy.runs import Submitter, dry_run, handle_submit
+from proxy.routes import HEALTH_ROUTES, ROUTES
+from proxy.runs import INTERCEPTED, Submitter, dry_run, handle_submit
 from proxy.template import load_template
 
 _LOGGER = logging.getLogger(__name__)
@@ -64,18 +77,57 @@ def _request_id(incoming: str | None) -> str:
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Give every request an id, and map project errors to answers (errors.error_response)."""
     request[REQUEST_ID_KEY] = _request_id(request.headers.get(hdr.REQUEST_ID))
+    start = time.perf_counter()
+    status = 500
+    error: ProxyError | None = None
     try:
         if request.version.major != 1:  # aiohttp's parser takes "GET /x" (0.9) with headers
             raise BadRequest("Unsupported HTTP version: HTTP/1.0 or HTTP/1.1 expected")
-        return await handler(request)
+        response = await handler(request)
+        status = response.status
+        return response
     except ProxyError as err:
         if err.status >= 500:  # str(err) is the log form (errors.KubeError)
             _LOGGER.warning("%s %s -> %d: %s", request.method, request.path, err.status, err)
+        error, status = err, err.status
         response = error_response(err)
         response.headers[hdr.REQUEST_ID] = request[REQUEST_ID_KEY]
         if not request.content.is_eof():
             response.force_close()  # the rest of the body will not be read
         return response
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    finally:
+        _count(request, status, time.perf_counter() - start, error)
+
+
+_ROUTE_CLASS = {r.name: r.route_class for r in ROUTES + HEALTH_ROUTES}
+
+
+def _count(request: web.Request, status: int, seconds: float, error: ProxyError | None) -> None:
+    """Request metrics: route class, status, duration; submission outcome (metrics.py)."""
+    metrics = request.app[METRICS]
+    route_class = _ROUTE_CLASS.get(request.match_info.route.name or "", "passthrough")
+    metrics.requests.labels(route_class, str(status)).inc()
+    metrics.request_duration.labels(route_class).observe(seconds)
+    if route_class == "run_submit" and request.get(INTERCEPTED):
+        metrics.submissions.labels(submission_outcome(status, error)).inc()
+
+
+def _phase_counts(app: web.Application) -> dict[str, int]:
+    cache = app.get(RUN_CACHE)
+    return cache.phase_counts() if cache is not None else {}
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """Prometheus text exposition."""
+    return web.Response(
+        body=request.app[METRICS].render(),
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -139,7 +191,12 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
     app[SESSION] = session
     kube: KubeClient | None = None
     if config.runs.intercept != "none":
-        kube = KubeClient(await load_api_client(config.kubernetes.kubeconfig), config)
+        durations = app[METRICS].kube_duration
+        kube = KubeClient(
+            await load_api_client(config.kubernetes.kubeconfig),
+            config,
+            observe=lambda op, seconds: durations.labels(op).observe(seconds),
+        )
     app[KUBE] = kube
     app[SUBMITTER] = None
     dry_run_task: asyncio.Task[None] | None = None
@@ -202,15 +259,18 @@ def create_app(config: Config, *, tuning: CacheTuning | None = None) -> web.Appl
     install_log_filters()
     app = web.Application(middlewares=[request_context], client_max_size=config.runs.max_body_bytes)
     app[CONFIG] = config
+    app[METRICS] = metrics = Metrics()
+    metrics.phases.source = lambda: _phase_counts(app)
     app[OMS_BASE] = config.oms.url.rstrip("/")
     app[STATE] = {}
     if config.runs.intercept != "none":
         app[TEMPLATE] = load_template(config.template_path())
     app.cleanup_ctx.append(_clients)
     app.on_startup.append(_freeze_gc)
-    app.router.add_get("/healthz", healthz, allow_head=True)
-    app.router.add_get("/readyz", readyz, allow_head=True)
-    app.router.add_post("/api/run", handle_submit)
+    app.router.add_get("/healthz", healthz, allow_head=True, name="healthz")
+    app.router.add_get("/readyz", readyz, allow_head=True, name="readyz")
+    app.router.add_get("/metrics", metrics_handler, name="metrics")
+    app.router.add_post("/api/run", handle_submit, name="run_submit")
     if config.runs.intercept != "none":
         setup_lifecycle(app, tuning)
     app.router.add_route("*", r"/{tail:[\s\S]*}", passthrough)  # any path, %0A included

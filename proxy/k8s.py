@@ -240,8 +240,14 @@ def _resolve_env_proxy_once(api: k8s_client.ApiClient) -> None:
 class KubeClient:
     """Typed, error-classified access to the few API calls the proxy makes (see k8s/ RBAC)."""
 
-    def __init__(self, api: k8s_client.ApiClient, config: Config) -> None:
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        config: Config,
+        observe: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.api = api
+        self._observe = observe  # (operation, seconds) of each call, retries included
         self.namespace = config.kubernetes.namespace
         self._timeout = config.kubernetes.request_timeout_seconds
         self._retries = config.kubernetes.retries
@@ -258,6 +264,16 @@ class KubeClient:
         self, what: str, fn: Callable[[float], Awaitable[T]], *, retry: bool = True
     ) -> T:
         """Run ``fn(remaining_seconds)`` with retries, all within the configured timeout."""
+        if self._observe is None:
+            return await self._attempts(what, fn, retry)
+        start = time.perf_counter()
+        try:
+            return await self._attempts(what, fn, retry)
+        finally:
+            # "create MPIJob <name>" -> "create MPIJob": the operation, never an object name
+            self._observe(" ".join(what.split()[:2]), time.perf_counter() - start)
+
+    async def _attempts(self, what: str, fn: Callable[[float], Awaitable[T]], retry: bool) -> T:
         deadline = time.monotonic() + self._timeout
         attempt = 0
         while True:

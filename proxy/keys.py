@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
+from proxy.metrics import Metrics
 
 if TYPE_CHECKING:
     from proxy.k8s import KubeClient
@@ -20,6 +21,7 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.Clien
 KUBE: web.AppKey[KubeClient | None] = web.AppKey("kube")
 SUBMITTER: web.AppKey[Submitter | None] = web.AppKey("submitter")
 TEMPLATE: web.AppKey[Template] = web.AppKey("template")
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 OMS_BASE: web.AppKey[str] = web.AppKey("oms_base", str)
 STATE: web.AppKey[dict[str, Any]] = web.AppKey("state", dict)
 RUN_CACHE: web.AppKey[RunCache | None] = web.AppKey("run_cache")

@@ -465,6 +465,15 @@ class RunCache:
         views = [self.peek(r) for r in list(self._runs.values()) if not r.deleted]
         return [v for v in views if v is not None and not v.is_final]
 
+    def phase_counts(self) -> dict[str, int]:
+        """Runs known to the cache by phase, from what is cached (no API call; for metrics)."""
+        counts: dict[str, int] = {}
+        for run in list(self._runs.values()):
+            view = self.peek(run)
+            if view is not None:
+                counts[view.phase] = counts.get(view.phase, 0) + 1
+        return counts
+
     def note_created(self, obj: Obj) -> None:
         """Tell the cache about an MPIJob just created (before its watch event arrives)."""
         self._upsert_job(obj)

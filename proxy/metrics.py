@@ -11,7 +11,8 @@ Exposed at ``GET /metrics`` in the Prometheus text format. Names and labels:
 - ``omsproxy_kubernetes_request_duration_seconds{operation}``: each Kubernetes API call, retries
   included;
 - ``omsproxy_mpijob_submissions_total{outcome}``: ``created``, ``conflict``, ``quota``,
-  ``invalid``, ``rejected`` (request refused before Kubernetes), ``error`` (anything else);
+  ``busy`` (``runs.max_concurrent_submissions`` reached), ``invalid``, ``rejected`` (request
+  refused before Kubernetes), ``error`` (anything else);
 - ``omsproxy_launched_runs{phase}``: launched runs the proxy currently knows, by phase.
 """
 
@@ -22,6 +23,15 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from proxy.errors import (
+    Conflict,
+    KubeAlreadyExists,
+    KubeInvalid,
+    KubeQuotaExceeded,
+    ProxyError,
+    TooManyRequests,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -86,15 +96,17 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def submission_outcome(status: int) -> str:
-    """The outcome label for a submit answer's HTTP status."""
+def submission_outcome(status: int, error: ProxyError | None) -> str:
+    """The outcome label of an intercepted submission, from its answer."""
     if status == 200:
         return "created"
-    if status == 409:
+    if isinstance(error, Conflict | KubeAlreadyExists):
         return "conflict"
-    if status == 429:
+    if isinstance(error, KubeQuotaExceeded):
         return "quota"
-    if status == 422:
+    if isinstance(error, TooManyRequests):
+        return "busy"
+    if isinstance(error, KubeInvalid):
         return "invalid"
     if 400 <= status < 500:
         return "rejected"

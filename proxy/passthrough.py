@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -18,7 +19,7 @@ from yarl import URL
 
 from proxy import headers as hdr
 from proxy.errors import ProxyError, RequestTimeout, UpstreamTimeout, UpstreamUnavailable
-from proxy.keys import CONFIG
+from proxy.keys import CONFIG, METRICS
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ async def forward(
         content_length=length,
     )
     url = upstream_url(base, request)
+    started = time.perf_counter()
     try:
         upstream = await session.request(
             request.method,
@@ -149,6 +151,7 @@ async def forward(
         if stream is not None and stream.timed_out:
             raise body_timed_out() from e
         raise _upstream_error(e) from e
+    request.app[METRICS].oms_duration.observe(time.perf_counter() - started)
 
     try:
         return await _relay(request, upstream, chunk)

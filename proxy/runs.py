@@ -59,6 +59,9 @@ from proxy.template import Template
 
 _LOGGER = logging.getLogger(__name__)
 
+INTERCEPTED: web.RequestKey[bool] = web.RequestKey("intercepted", bool)
+"""Set on a POST /api/run the proxy handles itself (for the submission metrics)."""
+
 # Headers that carry the caller's identity to oms when the proxy looks a model up for them.
 _AUTH_HEADERS = ("Authorization", "Cookie", "X-Api-Key")
 
@@ -293,6 +296,7 @@ async def handle_submit(request: web.Request) -> web.StreamResponse:
         raise BadRequest(e.message) from e
     if config.runs.intercept == "mpi" and not is_mpi(req):
         return await forward(request, session, base, chunk, body=body)
+    request[INTERCEPTED] = True
 
     if submitter.in_flight >= config.runs.max_concurrent_submissions:
         raise TooManyRequests(

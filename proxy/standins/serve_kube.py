@@ -9,10 +9,11 @@ SIGTERM/SIGINT or ``--max-seconds`` (a safety net so a forgotten server never li
 Admission validates MPIJobs against the CRD's schema as a real API server does (``--crd``,
 default :func:`proxy.standins.kube.find_crd`); ``--no-validation`` turns that off.
 
-Each MPIJob follows one :class:`~proxy.standins.kube.Scenario`: ``--scenario`` (``succeed``,
-``fail``, ``no-operator``...), a launcher log of ``--log-lines`` lines, written over
-``--run-seconds`` seconds (one number, or ``MIN:MAX`` for a duration picked per job, repeatable
-from the job's name) or one every ``--line-interval`` seconds.
+Events older than ``--event-ttl`` seconds (default one hour, as on a real API server) are
+deleted. Each MPIJob follows one :class:`~proxy.standins.kube.Scenario`: ``--scenario``
+(``succeed``, ``fail``, ``no-operator``...), a launcher log of ``--log-lines`` lines, written
+over ``--run-seconds`` seconds (one number, or ``MIN:MAX`` for a duration picked per job,
+repeatable from the job's name) or one every ``--line-interval`` seconds.
 
 The stand-in's full request log (``FakeKube.requests``) is not kept: only counts by kind, and,
 for benchmarks, a bounded record of how long the stand-in took over each request. Debug routes
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import resource
@@ -39,7 +41,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ from aiohttp.typedefs import Middleware
 
 from proxy.standins.kube import (
     DEFAULT_LOG_LINES,
+    EVENTS,
     FakeKube,
     RecordedRequest,
     Scenario,
@@ -234,7 +238,36 @@ def make_kube(args: argparse.Namespace) -> tuple[FakeKube, Timings]:
 
     app.router.add_get(DEBUG_PREFIX + "stats", stats)
     app.router.add_get(DEBUG_PREFIX + "timings", timing_records)
+    if args.event_ttl > 0:
+        app.cleanup_ctx.append(_event_expiry(kube, args.event_ttl))
     return kube, timings
+
+
+def _event_expiry(kube: FakeKube, ttl: float) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Delete Events older than ``ttl`` seconds, as the API server's ``--event-ttl`` does."""
+
+    async def expire_forever() -> None:
+        interval = min(10.0, max(1.0, ttl / 10))
+        while True:
+            await asyncio.sleep(interval)
+            cutoff = (datetime.now(UTC) - timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for ns, name in [
+                key
+                for key, event in kube._store[EVENTS.resource].items()
+                if str(event.get("lastTimestamp") or "") < cutoff
+            ]:
+                kube._remove(EVENTS, ns, name)
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(expire_forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return ctx
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -302,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=10_000,
         help="changes kept for resuming watches (default 10000)",
+    )
+    p.add_argument(
+        "--event-ttl",
+        type=float,
+        default=3600.0,
+        help="delete Events older than this, like the API server's --event-ttl (3600; 0: never)",
     )
     p.add_argument(
         "--timings-limit",
