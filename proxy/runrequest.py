@@ -496,6 +496,11 @@ RUN_STAMP_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 LANG_CODE_RE = re.compile(r"[A-Za-z]{2,3}([_-][A-Za-z0-9]{2,8})*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+MAX_OPTS = 512
+"""Most run options one request may set (each becomes two argv elements)."""
+MAX_VALUE_BYTES = 32 * 1024
+"""Longest Opts or Env value: one argv element must stay well under Linux's 128 KiB limit."""
 _TRUE = frozenset({"", "true", "t", "1", "yes", "y"})
 _FALSE = frozenset({"false", "f", "0", "no", "n"})
 _GO_ATOI = re.compile(r"[+-]?[0-9]+")
@@ -650,12 +655,16 @@ def validate_run(req: RunRequest, model: ModelInfo, runs: RunsConfig) -> Validat
     descriptions: dict[str, str] = {}
     run_name = ""
     seen: dict[str, str] = {}
+    if len(req.opts) > MAX_OPTS:
+        raise fail("Opts", f"{len(req.opts)} run options given, at most {MAX_OPTS} allowed")
     for key, value in req.opts.items():
         field = _opt_field(key)
         bare = _bare(key)
         low = bare.lower()
         if "\0" in key or "\0" in value:
             raise fail(field, "NUL characters are not allowed")
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+            raise fail(field, f"value longer than {MAX_VALUE_BYTES} bytes")
         if low in _DROPPED or low.startswith("importdb."):
             continue
         if not _is_allowed_opt(bare, runs):
@@ -708,6 +717,8 @@ def validate_run(req: RunRequest, model: ModelInfo, runs: RunsConfig) -> Validat
             raise fail(field, "this environment variable is not allowed here")
         if "\0" in value:
             raise fail(field, "NUL characters are not allowed")
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
+            raise fail(field, f"value longer than {MAX_VALUE_BYTES} bytes")
         env.append((name, value))
     env.sort()
 

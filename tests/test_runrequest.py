@@ -875,3 +875,15 @@ def test_any_json_object_parses_or_names_the_field(body: dict[str, Any]) -> None
         assert outcome.message.startswith("Json decode error at /api/run: ")
         field = outcome.message.removeprefix("Json decode error at /api/run: ").split(":")[0]
         assert field.split(".")[0].split("[")[0] in body
+
+
+def test_values_and_option_counts_are_bounded() -> None:
+    """One argv element must stay under Linux's per-argument limit; option count is capped."""
+    from proxy.runrequest import MAX_OPTS, MAX_VALUE_BYTES
+
+    long_value = "x" * (MAX_VALUE_BYTES + 1)
+    assert "longer than" in refusal({"Opts": {"OpenM.RunName": long_value}})
+    assert "longer than" in refusal({"Env": {"TZ": long_value}}, runs(allowed_env=["TZ"]))
+    assert check({"Opts": {"OpenM.RunName": "x" * MAX_VALUE_BYTES}}).run_name
+    many = {f"Parameter.P{i}": "1" for i in range(MAX_OPTS + 1)}
+    assert f"at most {MAX_OPTS} allowed" in refusal({"Opts": many})
