@@ -25,6 +25,7 @@ from proxy.runview import FINAL_MESSAGE_KEY, PREFIX, PRELUDE_KEY
 from proxy.standins.kube import DEFAULT_LOG_LINES, FakeKube, Scenario
 from proxy.standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, make_config
+from tests.oms_shapes import PROGRESS_KEYS, RUN_STATE_KEYS
 
 Client = TestClient[web.Request, web.Application]
 NS = "default"
@@ -98,43 +99,17 @@ async def env(
 
 # --- a UI-like poller (openmpp/UI src/pages/RunLog.vue) ----------------------------------------
 
-_PROGRESS_KEYS = [
-    "ModelName",
-    "ModelDigest",
-    "Name",
-    "RunDigest",
-    "ValueDigest",
-    "RunStamp",
-    "SubCount",
-    "SubCompleted",
-    "Status",
-    "CreateDateTime",
-    "UpdateDateTime",
-]
-_STATE_KEYS = [
-    "ModelName",
-    "ModelDigest",
-    "RunStamp",
-    "SubmitStamp",
-    "IsFinal",
-    "UpdateDateTime",
-    "RunName",
-    "TaskRunName",
-    "IsLog",
-    "LogFileName",
-]
-
 
 def is_progress(item: Any) -> bool:
     return (
         isinstance(item, dict)
-        and all(k in item for k in _PROGRESS_KEYS)
+        and all(k in item for k in PROGRESS_KEYS)
         and isinstance(item.get("Progress"), list)
     )
 
 
 def is_state_log(page: Any) -> bool:
-    keys = [*_STATE_KEYS, "Offset", "Size", "TotalSize"]
+    keys = [*RUN_STATE_KEYS, "Offset", "Size", "TotalSize"]
     return (
         isinstance(page, dict) and all(k in page for k in keys) and isinstance(page["Lines"], list)
     )
@@ -175,7 +150,7 @@ class UiPoller:
             assert self.empty_log <= 5, "the UI would pause: more than 5 empty log pages"
             return
         self.pages.append(page)
-        self.state = {k: page[k] for k in _STATE_KEYS}
+        self.state = {k: page[k] for k in RUN_STATE_KEYS}
         self.empty_log = 0
         n_start = len(self.lines) - page["Offset"]
         if n_start >= 0:

@@ -33,6 +33,7 @@ from proxy.runview import (
     run_pub,
     stuck_reasons,
 )
+from tests.oms_shapes import PROGRESS_KEYS, RUN_STATE_KEYS
 
 T0 = datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC)
 SETTINGS = ViewSettings(start_deadline_seconds=60.0, settle_seconds=2.0, tz=UTC)
@@ -567,37 +568,11 @@ def test_parse_go_int() -> None:
 
 # --- oms shapes ----------------------------------------------------------------------------------
 
-_RUN_STATE_KEYS = [
-    "ModelName",
-    "ModelDigest",
-    "RunStamp",
-    "SubmitStamp",
-    "IsFinal",
-    "UpdateDateTime",
-    "RunName",
-    "TaskRunName",
-    "IsLog",
-    "LogFileName",
-]
-_PROGRESS_KEYS = [
-    "ModelName",
-    "ModelDigest",
-    "Name",
-    "RunDigest",
-    "ValueDigest",
-    "RunStamp",
-    "SubCount",
-    "SubCompleted",
-    "Status",
-    "CreateDateTime",
-    "UpdateDateTime",
-]
-
 
 def test_log_page_has_what_the_ui_requires() -> None:
     job = make_job(conditions=[cond("Created", "True", 0)])
     page = log_page(view(job, 4, events=snapshot([], 4)), 0, 200, UTC)
-    assert all(k in page for k in [*_RUN_STATE_KEYS, "Offset", "Size", "TotalSize", "Lines"])
+    assert all(k in page for k in [*RUN_STATE_KEYS, "Offset", "Size", "TotalSize", "Lines"])
     assert page["UpdateDateTime"] == "2026-01-01 10:00:00.000"
     assert page["LogFileName"] == f"modelOne.{STAMP}.console.log"
     assert (page["RunName"], page["IsLog"], page["TaskRunName"]) == ("hello", True, "")
@@ -606,7 +581,7 @@ def test_log_page_has_what_the_ui_requires() -> None:
 def test_run_pub_has_every_key_the_ui_checks() -> None:
     job = make_job(conditions=[cond("Created", "True", 0)])
     item = run_pub(view(job, 4), UTC)
-    assert all(k in item for k in _PROGRESS_KEYS)
+    assert all(k in item for k in PROGRESS_KEYS)
     assert item["Progress"] == []
     assert (item["Status"], item["SubCount"], item["Name"]) == ("i", 4, "hello")
     assert item["CreateDateTime"] == "2026-01-01 10:00:00.000"

@@ -20,6 +20,7 @@ from proxy.standins.kube import FakeKube, Fault
 from proxy.standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, ProxyFactory, make_config
 from tests.crd import validate_mpijob
+from tests.oms_shapes import RUN_STATE_KEYS
 
 Client = TestClient[web.Request, web.Application]
 REQUESTS = Path(__file__).parent / "requests"
@@ -57,20 +58,6 @@ async def _post(client: Client, body: Any, **headers: str) -> Any:
     )
 
 
-RUN_STATE_KEYS = {
-    "ModelName",
-    "ModelDigest",
-    "RunStamp",
-    "SubmitStamp",
-    "IsFinal",
-    "UpdateDateTime",
-    "RunName",
-    "TaskRunName",
-    "IsLog",
-    "LogFileName",
-}
-
-
 async def test_ui_request_creates_one_valid_mpijob(
     submit_proxy: Client, fake_kube: FakeKube
 ) -> None:
@@ -78,7 +65,7 @@ async def test_ui_request_creates_one_valid_mpijob(
     assert resp.status == 200, await resp.text()
     assert resp.headers["Content-Type"].startswith("application/json")
     state = await resp.json()
-    assert set(state) == RUN_STATE_KEYS
+    assert set(state) == set(RUN_STATE_KEYS)
     assert state["ModelName"] == "RiskPaths"
     assert state["ModelDigest"] == UI_MPI["ModelDigest"]
     assert state["RunStamp"]
