@@ -953,3 +953,57 @@ def transfers(
     if failures or any(r is None for r in results):
         raise RuntimeError("; ".join(failures) or "a transfer did not finish")
     return [r for r in results if r is not None]
+
+
+# --- profiling ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, out: Path, limit_s: float) -> Iterator[None]:
+    """Sample ``pid`` with py-spy (from this venv) over the block, as collapsed stacks in ``out``.
+
+    py-spy is not a dependency: install it into the venv (``pip install py-spy``) to use this.
+    """
+    binary = Path(sys.executable).with_name("py-spy")
+    argv = [str(binary), "record", "-p", str(pid), "-o", str(out), "--format", "raw"]
+    argv += ["-r", "200", "-d", str(int(limit_s)), "--nonblocking"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # let it attach
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate(timeout=5)
+        if not out.exists():
+            print(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
+
+
+def summarize_profile(path: Path, title: str, top: int = 25) -> None:
+    """Print the functions with the most samples, inclusive and self, from collapsed stacks."""
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        n = int(count_text)
+        frames = [re.sub(r":[0-9]+\)$", ")", f) for f in stack.split(";")]
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    if not total:
+        print(f"no samples in {path}")
+        return
+    print(f"\n{title} (py-spy, {total} samples; raw stacks in {path})")
+    print("  inclusive %  function")
+    for frame, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {100 * n / total:10.1f}  {frame}")
+    print("  self %       function")
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {100 * n / total:10.1f}  {frame}")

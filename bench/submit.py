@@ -46,14 +46,10 @@ import datetime as dt
 import http.client
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -410,7 +406,7 @@ def run_proxy(
         profile = args.profile if (args.profile and rate is None and validation) else None
         with contextlib.ExitStack() as stack:
             if profile is not None:
-                stack.enter_context(py_spy(proxy.pid, profile, args.timeout))
+                stack.enter_context(c.py_spy(proxy.pid, profile, args.timeout))
             cpu = stack.enter_context(c.CpuMeter(pids))
             results, cpu.worker_cpu = worker.call(
                 submit_all, proxy.url, bodies, rate, args.timeout, timeout=args.timeout + 60
@@ -428,57 +424,6 @@ def run_proxy(
         if proxy is not None:
             proxy.stop()
         kube.stop()
-
-
-# --- profiling ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def py_spy(pid: int, out: Path, limit_s: float) -> Iterator[None]:
-    """Sample ``pid`` with py-spy (from this venv) over the block, as collapsed stacks."""
-    binary = Path(sys.executable).with_name("py-spy")
-    argv = [str(binary), "record", "-p", str(pid), "-o", str(out), "--format", "raw"]
-    argv += ["-r", "200", "-d", str(int(limit_s)), "--nonblocking"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(0.5)  # let it attach
-    try:
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate(timeout=5)
-        if proc.returncode not in (0, -signal.SIGINT) and not out.exists():
-            print(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
-
-
-def summarize_profile(path: Path, top: int = 25) -> None:
-    """Print the functions with the most samples, inclusive and self, from collapsed stacks."""
-    inclusive: Counter[str] = Counter()
-    own: Counter[str] = Counter()
-    total = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        n = int(count_text)
-        frames = [re.sub(r":[0-9]+\)$", ")", f) for f in stack.split(";")]
-        total += n
-        own[frames[-1]] += n
-        for frame in set(frames):
-            inclusive[frame] += n
-    if not total:
-        print(f"no samples in {path}")
-        return
-    print(f"\nProxy profile of the burst (py-spy, {total} samples; raw stacks in {path})")
-    print("  inclusive %  function")
-    for frame, n in inclusive.most_common(top):
-        print(f"  {100 * n / total:10.1f}  {frame}")
-    print("  self %       function")
-    for frame, n in own.most_common(top):
-        print(f"  {100 * n / total:10.1f}  {frame}")
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -552,6 +497,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.scenario}"
     )
     print(
+        "Phases: direct = the proxy's two creates per run (MPIJob, ConfigMap), as rendered by "
+        "the proxy, sent straight to the stand-in, all at once over 100 connections (the "
+        "stand-in's own ceiling); burst = all submissions at once through the proxy; paced = "
+        f"{args.rate:g} submissions/s through the proxy (latency without a burst's queueing). "
+        "Each phase on a fresh stand-in (and proxy), with the proxy's model cache warmed."
+    )
+    print(
         "Columns: e2e = the client's time per submission; kube = the stand-in Kubernetes API's "
         "time on that run's MPIJob + ConfigMap creates (its own records); own = e2e - kube: the "
         "proxy's work plus any queueing (in the proxy, or before the stand-in picks a request "
@@ -596,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             oms.stop()
 
     if args.profile is not None and args.profile.exists():
-        summarize_profile(args.profile)
+        c.summarize_profile(args.profile, "Proxy profile of the burst")
     print("\nTargets")
     failed = False
     checks: list[tuple[str, str, str, bool]] = []
@@ -617,6 +569,14 @@ def main(argv: list[str] | None = None) -> int:
             p99 = _pct(r.own_ms, 99)
             checks.append(
                 (f"{tag}: own p99", f"{p99:.1f} ms", f"< {TARGET_P99_MS:g} ms", p99 < TARGET_P99_MS)
+            )
+    for r in rows:
+        if r.phase == "burst via proxy" and r.cpu_ms.get("proxy"):
+            per = r.cpu_ms["proxy"]
+            print(
+                f"  info  proxy CPU per submission, burst, CRD validation "
+                f"{'on' if r.validation else 'off'}: {per:.2f} ms, so one core of this machine "
+                f"sustains about {1000 / per:.0f} submissions/s of proxy work"
             )
     for name, value, limit, ok in checks:
         failed |= not ok
