@@ -14,14 +14,25 @@ from proxy.passthrough import REQUEST_ID_KEY
 
 QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)  # json.dumps makes one per call
+
 
 class JsonFormatter(logging.Formatter):
     """Format records as JSON objects, keeping extra fields passed as ``extra={"fields": ...}``."""
 
+    _second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
+
+    def _time(self, record: logging.LogRecord) -> str:
+        second, text = self._second
+        if int(record.created) != second:  # formatted once a second, not once a line
+            second = int(record.created)
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        return f"{text}.{int(record.msecs):03d}Z"
+
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, object] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": self._time(record),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -31,7 +42,7 @@ class JsonFormatter(logging.Formatter):
             doc.update(fields)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False, default=str)
+        return _ENCODER.encode(doc)
 
 
 class BadRequestLogFilter(logging.Filter):
@@ -71,7 +82,14 @@ def install_log_filters() -> None:
 
 
 def setup_logging(level: str) -> None:
-    """Send JSON lines to stderr at ``level``."""
+    """Send JSON lines to stderr at ``level``.
+
+    The records skip what no line shows (thread, process and multiprocessing names): each
+    lookup costs on every record, one per request with the access log.
+    """
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
@@ -90,18 +108,28 @@ class JsonAccessLogger(AbstractAccessLogger):
     log_health = False
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        if not self.log_health and request.path in QUIET_PATHS:
+        path = request.path
+        if not self.log_health and path in QUIET_PATHS:
             return
-        self.logger.info(
+        logger = self.logger
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        method, status = request.method, response.status
+        # logger.info() would also walk the stack for the caller's file and line, which no
+        # line shows: the record is made and handled directly (same filters and handlers).
+        record = logger.makeRecord(
+            logger.name,
+            logging.INFO,
+            "",
+            0,
             "%s %s %d",
-            request.method,
-            request.path,
-            response.status,
+            (method, path, status),
+            None,
             extra={
                 "fields": {
-                    "method": request.method,
-                    "path": request.path,
-                    "status": response.status,
+                    "method": method,
+                    "path": path,
+                    "status": status,
                     "bytes": response.body_length,
                     "duration_ms": round(time * 1000, 3),
                     "request_id": request.get(REQUEST_ID_KEY, ""),
@@ -109,6 +137,7 @@ class JsonAccessLogger(AbstractAccessLogger):
                 }
             },
         )
+        logger.handle(record)
 
     @property
     def enabled(self) -> bool:

@@ -1,7 +1,9 @@
 """The application factory: routes, typed app keys, and the lifecycle of the shared clients.
 
-``cleanup_ctx`` owns exactly one aiohttp ``ClientSession`` (to oms) and, when runs are
-intercepted, one kubernetes_asyncio ``ApiClient``; both live as long as the app.
+``cleanup_ctx`` owns the clients, which live as long as the app: the pass-through's pooled
+client to oms (:class:`proxy.upstream.Upstream`), one aiohttp ``ClientSession`` to oms for the
+proxy's own calls (model lookups, ``/readyz``, run state) and, when runs are intercepted, one
+kubernetes_asyncio ``ApiClient``.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,6 +35,7 @@ from proxy.keys import (
     STATE,
     SUBMITTER,
     TEMPLATE,
+    UPSTREAM,
 )
 from proxy.lifecycle import CacheTuning, setup_lifecycle
 from proxy.metrics import Metrics, submission_outcome
@@ -40,6 +43,7 @@ from proxy.passthrough import REQUEST_ID_KEY, forward
 from proxy.routes import HEALTH_ROUTES, ROUTES
 from proxy.runs import INTERCEPTED, Submitter, dry_run, handle_submit
 from proxy.template import load_template
+from proxy.upstream import Upstream
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ def _request_id(incoming: str | None) -> str:
     """The client's X-Request-ID if it is sane, else a new one."""
     if incoming and len(incoming) <= _MAX_REQUEST_ID and incoming.isprintable():
         return incoming
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, at a fraction of its cost
 
 
 @web.middleware
@@ -109,8 +113,7 @@ def _count(request: web.Request, status: int, seconds: float, error: ProxyError 
     """Request metrics: route class, status, duration; submission outcome (metrics.py)."""
     metrics = request.app[METRICS]
     route_class = _ROUTE_CLASS.get(request.match_info.route.name or "", "passthrough")
-    metrics.requests.labels(route_class, str(status)).inc()
-    metrics.request_duration.labels(route_class).observe(seconds)
+    metrics.count_request(route_class, status, seconds)
     if route_class == "run_submit" and request.get(INTERCEPTED):
         metrics.submissions.labels(submission_outcome(status, error)).inc()
 
@@ -189,6 +192,14 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
         read_bufsize=config.server.read_chunk_bytes,
     )
     app[SESSION] = session
+    upstream = Upstream(
+        config.oms.url,
+        connect_timeout=config.oms.connect_timeout_seconds,
+        read_timeout=config.oms.first_byte_timeout_seconds,
+        max_connections=config.oms.max_connections,
+        chunk=config.server.read_chunk_bytes,
+    )
+    app[UPSTREAM] = upstream
     kube: KubeClient | None = None
     if config.runs.intercept != "none":
         durations = app[METRICS].kube_duration
@@ -220,6 +231,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
                 await dry_run_task
         if (started := app[SUBMITTER]) is not None:
             await started.close()
+        await upstream.close()
         await session.close()
         if kube is not None:
             await kube.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
@@ -73,14 +74,21 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.logging.level)
     app = create_app(config)
     _LOGGER.info(
-        "listening on %s:%d, oms at %s, config %s",
+        "listening on %s:%d, oms at %s, config %s, event loop %s",
         config.server.host,
         config.server.port,
         config.oms.url,
         config.source,
+        config.server.event_loop,
     )
+    loop: asyncio.AbstractEventLoop | None = None
+    if config.server.event_loop == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
     web.run_app(
         app,
+        loop=loop,  # None: asyncio's; run_app closes it at the end
         host=config.server.host,
         port=config.server.port,
         shutdown_timeout=config.server.shutdown_grace_seconds,

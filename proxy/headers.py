@@ -37,14 +37,26 @@ REQUEST_ID = istr("X-Request-ID")
 
 def connection_tokens(headers: Mapping[str, str] | CIMultiDictProxy[str]) -> set[str]:
     """Header names listed in ``Connection`` (they are hop-by-hop for this message)."""
+    if "Connection" not in headers:
+        return set()
     getall = getattr(headers, "getall", None)
     values: Iterable[str] = getall("Connection", ()) if getall else [headers.get("Connection", "")]
     return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
 
 
-def _is_dropped(name: str, extra: set[str]) -> bool:
-    low = name.lower()
-    return low in HOP_BY_HOP or low in extra or low.startswith("proxy-")
+# What is dropped from every request (plus the names the request's Connection header lists).
+_REQUEST_DROP_ALL: frozenset[str] = HOP_BY_HOP | _REQUEST_DROP
+
+
+def _kept(
+    headers: CIMultiDict[str] | CIMultiDictProxy[str], drop: frozenset[str] | set[str]
+) -> list[tuple[str, str]]:
+    """``headers`` in order, less those named in ``drop`` (lower-case) and ``Proxy-*``."""
+    return [
+        (name, value)
+        for name, value in headers.items()
+        if (low := name.lower()) not in drop and not low.startswith("proxy-")
+    ]
 
 
 def upstream_request_headers(
@@ -57,11 +69,10 @@ def upstream_request_headers(
     content_length: int | None,
 ) -> CIMultiDict[str]:
     """Headers sent to oms: the client's, minus hop-by-hop ones, plus X-Forwarded-*."""
-    drop = connection_tokens(incoming) | _REQUEST_DROP
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in incoming.items():
-        if not _is_dropped(name, drop):
-            out.add(name, value)
+    tokens = connection_tokens(incoming)
+    out: CIMultiDict[str] = CIMultiDict(
+        _kept(incoming, _REQUEST_DROP_ALL | tokens if tokens else _REQUEST_DROP_ALL)
+    )
     if peer:
         prior = ", ".join(incoming.getall("X-Forwarded-For", ()))
         out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
@@ -76,14 +87,12 @@ def upstream_request_headers(
     return out
 
 
-def downstream_response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def downstream_response_headers(
+    upstream: CIMultiDict[str] | CIMultiDictProxy[str],
+) -> CIMultiDict[str]:
     """Headers sent back to the client: oms's, minus hop-by-hop ones."""
-    drop = connection_tokens(upstream)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.items():
-        if not _is_dropped(name, drop):
-            out.add(name, value)
-    return out
+    tokens = connection_tokens(upstream)
+    return CIMultiDict(_kept(upstream, HOP_BY_HOP | tokens if tokens else HOP_BY_HOP))
 
 
 def status_has_no_body(status: int) -> bool:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.metrics import Metrics
+from proxy.upstream import Upstream
 
 if TYPE_CHECKING:
     from proxy.k8s import KubeClient
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
 
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.ClientSession)
+"""aiohttp's client to oms, for the proxy's own calls (model lookups, /readyz, run state)."""
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream", Upstream)
+"""The pass-through's own pooled client to oms (proxy.upstream), used by passthrough.forward."""
 KUBE: web.AppKey[KubeClient | None] = web.AppKey("kube")
 SUBMITTER: web.AppKey[Submitter | None] = web.AppKey("submitter")
 TEMPLATE: web.AppKey[Template] = web.AppKey("template")

@@ -90,6 +90,22 @@ class Metrics:
         )
         self.phases = _PhaseCollector()
         r.register(self.phases)
+        # Labelled children, looked up once (``labels()`` takes a lock and checks its arguments).
+        self._counted: dict[tuple[str, int], Counter] = {}
+        self._timed: dict[str, Histogram] = {}
+
+    def count_request(self, route_class: str, status: int, seconds: float) -> None:
+        """One answered request: ``omsproxy_requests_total`` and its duration."""
+        counter = self._counted.get((route_class, status))
+        if counter is None:
+            counter = self._counted[(route_class, status)] = self.requests.labels(
+                route_class, str(status)
+            )
+        counter.inc()
+        histogram = self._timed.get(route_class)
+        if histogram is None:
+            histogram = self._timed[route_class] = self.request_duration.labels(route_class)
+        histogram.observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

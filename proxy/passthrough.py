@@ -1,7 +1,9 @@
 """Streaming pass-through of any request to oms.
 
-Bodies stream in both directions in ``server.read_chunk_bytes`` pieces, so memory per exchange is
-bounded whatever the size of an upload or download. Small bodies with a known length are read in
+Bodies stream in both directions, so memory per exchange is bounded whatever the size of an
+upload or download: oms's answer in ``server.read_chunk_bytes`` pieces, the client's body in the
+pieces aiohttp's server received it in (never cut or joined here: that would copy every byte
+once more). Small bodies with a known length are read in
 one piece, which saves the per-chunk overhead on the JSON API. No redirect following, no
 decompression: the bytes, Content-Encoding and Content-Length oms sends reach the client.
 """
@@ -19,7 +21,8 @@ from yarl import URL
 
 from proxy import headers as hdr
 from proxy.errors import ProxyError, RequestTimeout, UpstreamTimeout, UpstreamUnavailable
-from proxy.keys import CONFIG, METRICS
+from proxy.keys import CONFIG, METRICS, UPSTREAM
+from proxy.upstream import ConnectFailed, Response, UpstreamError
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -61,44 +64,57 @@ def body_timed_out() -> RequestTimeout:
 
 
 class _BodyStream:
-    """The client's body in chunks; each read must bring data within ``timeout`` seconds.
+    """The client's body as it arrives; each read must bring data within ``timeout`` seconds.
 
-    A stalled client would otherwise hold its connection and one to oms for ever. The stall is
-    noted in ``timed_out``: aiohttp's client reports a failing body only as a broken exchange.
+    A stalled client would otherwise hold its connection and one to oms for ever.
     """
 
-    def __init__(self, request: web.Request, chunk: int, timeout: float | None) -> None:
+    def __init__(self, request: web.Request, timeout: float | None) -> None:
         self._content = request.content
-        self._chunk = chunk
         self._timeout = timeout
-        self.timed_out = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        content = self._content
         while True:
             try:
                 async with asyncio.timeout(self._timeout):
-                    data = await self._content.read(self._chunk)
+                    # One piece as received: neither cut nor joined, so never copied here.
+                    data, _ = await content.readchunk()
             except TimeoutError as e:
-                self.timed_out = True
                 raise body_timed_out() from e
-            if not data:
+            if data:
+                yield data
+            elif content.at_eof():  # (b"", True) only marks the end of an HTTP chunk
                 return
-            yield data
 
 
-def _request_body(request: web.Request, chunk: int) -> tuple[_BodyStream | None, int | None, bool]:
+def _request_body(request: web.Request) -> tuple[_BodyStream | None, int | None, bool]:
     """(body stream, content length, whether to read it whole first) for the upstream request."""
-    timeout = body_timeout(request)
     length = request.content_length
     if length is not None:
         if length == 0:
             return None, 0, False
         if length <= SMALL_BODY:
             return None, length, True
-        return _BodyStream(request, chunk, timeout), length, False
+        return _BodyStream(request, body_timeout(request)), length, False
     if request.body_exists:  # chunked upload: stream it on, chunked
-        return _BodyStream(request, chunk, timeout), None, False
+        return _BodyStream(request, body_timeout(request)), None, False
     return None, None, False
+
+
+def upstream_target(request: web.BaseRequest) -> str:
+    """The request target for oms: the path and query exactly as the client encoded them.
+
+    An absolute-form target (``http://elsewhere/x``) is reduced to its path so the proxy only
+    ever talks to the configured oms; a fragment is not sent.
+    """
+    raw = request.raw_path
+    if not raw.startswith("/"):
+        path = URL(raw).raw_path_qs
+        return path if path.startswith("/") else "/" + path  # "//x" stays "//x", as sent
+    if "#" in raw:
+        raw = raw.partition("#")[0]
+    return raw
 
 
 async def forward(
@@ -112,14 +128,18 @@ async def forward(
     """Send ``request`` to oms and stream oms's answer back.
 
     ``body`` replaces the request body when the caller has already read it (it is then sent
-    byte-for-byte as read).
+    byte-for-byte as read). The exchange goes over the app's pass-through client
+    (:class:`proxy.upstream.Upstream`, ``keys.UPSTREAM``), which talks to the same oms as
+    ``base``; ``session`` (the app's aiohttp session, for the proxy's own calls to oms) is not
+    used here.
     """
-    stream: _BodyStream | None = None
+    upstream = request.app[UPSTREAM]
+    data: bytes | AsyncIterator[bytes] | None
+    length: int | None
     if body is not None:
-        data: bytes | AsyncIterator[bytes] | None = body
-        length: int | None = len(body)
+        data, length = body, len(body)
     else:
-        stream, length, read_first = _request_body(request, chunk)
+        stream, length, read_first = _request_body(request)
         data = stream.chunks() if stream is not None else None
         if read_first:
             try:
@@ -135,44 +155,33 @@ async def forward(
         request_id=request_id(request),
         content_length=length,
     )
-    url = upstream_url(base, request)
     started = time.perf_counter()
     try:
-        upstream = await session.request(
-            request.method,
-            url,
-            headers=out_headers,
-            data=data,
-            allow_redirects=False,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        answer = await upstream.request(
+            request.method, upstream_target(request), out_headers.items(), data, length=length
         )
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
-        if stream is not None and stream.timed_out:
-            raise body_timed_out() from e
+    except UpstreamError as e:
         raise _upstream_error(e) from e
+    except (aiohttp.ClientError, OSError) as e:  # from reading the client's body
+        raise UpstreamUnavailable("the request body could not be sent to oms") from e
     request.app[METRICS].oms_duration.observe(time.perf_counter() - started)
 
     try:
-        return await _relay(request, upstream, chunk)
+        return await _relay(request, answer, chunk)
     finally:
-        upstream.release()
+        answer.release()
 
 
-def _upstream_error(e: TimeoutError | aiohttp.ClientError | OSError) -> ProxyError:
+def _upstream_error(e: UpstreamError) -> ProxyError:
     """The project error for a failed request to oms."""
     if isinstance(e, TimeoutError):
         return UpstreamTimeout("oms did not answer in time")
-    if isinstance(e, aiohttp.ClientConnectorError):
-        return UpstreamUnavailable(f"oms is unreachable: {e.os_error.strerror or e}")
-    if isinstance(e, aiohttp.ClientPayloadError):
-        return UpstreamUnavailable("the request body could not be sent to oms")
-    return UpstreamUnavailable(f"oms broke the exchange: {type(e).__name__}")
+    if isinstance(e, ConnectFailed):
+        return UpstreamUnavailable(f"oms is unreachable: {e}")
+    return UpstreamUnavailable(f"oms broke the exchange: {e}")
 
 
-async def _relay(
-    request: web.Request, upstream: aiohttp.ClientResponse, chunk: int
-) -> web.StreamResponse:
+async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.StreamResponse:
     resp_headers = hdr.downstream_response_headers(upstream.headers)
     if hdr.REQUEST_ID not in resp_headers:
         resp_headers[hdr.REQUEST_ID] = request_id(request)
@@ -184,8 +193,9 @@ async def _relay(
             payload = await upstream.read()
         except TimeoutError as e:
             raise UpstreamTimeout("oms stopped sending in time") from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise UpstreamUnavailable(f"oms broke the exchange: {type(e).__name__}") from e
+        except UpstreamError as e:
+            raise UpstreamUnavailable(f"oms broke the exchange: {e}") from e
+        upstream.release()  # the connection can serve another request while this one is sent
         resp_headers.popall("Content-Length", None)
         return web.Response(
             status=upstream.status, reason=upstream.reason, headers=resp_headers, body=payload
@@ -204,11 +214,11 @@ async def _relay(
     else:
         response.enable_chunked_encoding()
     await response.prepare(request)
-    read = upstream.content.read
+    read = upstream.read_chunk
     while True:
         try:
             data = await read(chunk)
-        except (TimeoutError, aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
+        except UpstreamError as e:
             # Headers are gone already: the only honest signal left is a cut connection.
             _LOGGER.warning(
                 "stream from oms broken (%s): %s %s", type(e).__name__, request.method, request.path
@@ -226,7 +236,7 @@ async def _relay(
 
 
 def _abort(
-    request: web.Request, upstream: aiohttp.ClientResponse, response: web.StreamResponse
+    request: web.Request, upstream: Response, response: web.StreamResponse
 ) -> web.StreamResponse:
     """Drop both connections of a broken stream; neither goes back to a pool."""
     upstream.close()

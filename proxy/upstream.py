@@ -1,0 +1,776 @@
+"""A pooled HTTP/1.1 client for the pass-through to oms, and for nothing else.
+
+Why not aiohttp's ``ClientSession``: it is general (cookies, redirects, auth, tracing, proxies,
+decompression, timeouts of five kinds) and each request pays for that generality: about 106 µs
+of CPU per small request in a profile, two thirds of the proxy's whole budget. The pass-through
+needs little of it: one origin, bytes in and bytes out, a few timeouts. The model lookups,
+``/readyz`` and the Kubernetes client keep using aiohttp; only :func:`proxy.passthrough.forward`
+uses this module.
+
+Parser: ``httptools`` (llhttp, the parser of Node.js, as used by uvicorn). aiohttp also ships a
+C response parser, but ``aiohttp._http_parser.HttpResponseParser`` is internal: its constructor
+has changed between minor releases and it feeds aiohttp's own ``StreamReader`` and protocol
+classes, so using it would tie this module to aiohttp's internals. httptools has a small, stable,
+typed, callback API, is kept up to date with llhttp, and is strict by default (no bare LF, no
+obs-fold, Content-Length and Transfer-Encoding together refused). What llhttp does not do here is
+done by this module: it is not told the request method, so a HEAD answer is complete at the end
+of its head; and httptools has no "end of input", so a body delimited by the end of the
+connection (no Content-Length, not chunked: HTTP/1.0 style) is complete when oms closes cleanly.
+
+An exchange, on one :class:`_Conn` (an ``asyncio.Protocol``):
+
+- the request head is written in one piece, with a body that is already in memory; a streamed
+  body follows chunk by chunk (as it came: with its Content-Length, or chunked), waiting for the
+  transport to drain when its buffer is full, so an upload never piles up in memory. If oms
+  answers (or closes) before the body is all sent, sending stops and the answer is read.
+- the answer's body is queued as llhttp delivers it (de-chunked: the proxy re-chunks it, the
+  payload is identical); the rest of a long Content-Length body, once its first bytes are
+  parsed, is queued as read from the socket, only counted (llhttp would copy it once more).
+  Past ``chunk`` bytes queued, the socket stops being read until the consumer catches up,
+  so a download never piles up either. Nothing is decompressed.
+- header names and values are passed with their exact bytes (values decoded as aiohttp's server
+  decodes them, UTF-8 with surrogate escapes, and encoded back the same way), in their order,
+  repeated ones included.
+
+Connections are kept alive and reused, most recently used first, only when the previous exchange
+ended cleanly: the whole answer received, keep-alive on both sides, nothing unexpected received
+(an answer received whole but not all read by the caller leaves nothing on the wire). A
+pooled connection that receives anything, or is closed by oms, is dropped at once; one idle past
+``max_idle_seconds`` is closed. ``max_connections`` bounds the connections open at once (0: no
+bound); a request waits for one within the connect timeout.
+
+Errors are :class:`UpstreamError` subclasses: :class:`ConnectTimeout` (no connection within
+``connect_timeout``), :class:`ConnectFailed` (refused, unreachable, TLS failure),
+:class:`ReadTimeout` (oms silent for ``read_timeout`` while an answer is awaited, or not
+reading an upload for that long), :class:`Broken` (closed, reset or malformed mid-exchange). A
+kept-alive connection that oms closes just as it is reused (no byte of an answer received) is
+retried once, on a new connection, for a request with no body and an idempotent method (RFC 9110
+§9.2.2): nothing else can be sent twice safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import os
+import ssl
+import typing
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable
+from typing import Final
+from urllib.parse import urlsplit
+
+import httptools
+from multidict import CIMultiDict
+
+# Methods that may be sent twice (RFC 9110 §9.2.2).
+_IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
+# Bodies in memory up to this size are sent in the same write as the head.
+_COALESCE = 64 * 1024
+
+# An answer body with a Content-Length past this size is taken from the socket as it comes,
+# without llhttp (which would copy every byte once more): see _Conn.data_received.
+_DIRECT_BODY = 64 * 1024
+
+_LAST_CHUNK: Final = b"0\r\n\r\n"
+
+_NO_HEADERS: CIMultiDict[str] = CIMultiDict()  # before an answer's head (never modified)
+
+
+class UpstreamError(Exception):
+    """A failed exchange with oms."""
+
+
+class ConnectTimeout(UpstreamError, TimeoutError):
+    """No connection to oms (or free slot in the pool) within the connect timeout."""
+
+
+class ConnectFailed(UpstreamError):
+    """The connection to oms could not be opened (refused, unreachable, TLS handshake)."""
+
+    def __init__(self, error: OSError) -> None:
+        self.os_error = error
+        reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
+        if isinstance(error, ConnectionRefusedError) or error.errno == errno.ECONNREFUSED:
+            reason = "connection refused"
+        super().__init__(reason or type(error).__name__)
+
+
+class ReadTimeout(UpstreamError, TimeoutError):
+    """oms sent nothing (or read nothing of an upload) within the read timeout."""
+
+
+class Broken(UpstreamError):
+    """oms closed or reset the connection, or sent something that is not HTTP/1.1."""
+
+
+class _Stray(Exception):
+    """Raised inside a parser callback to stop parsing bytes that belong to no exchange."""
+
+
+class _Conn(asyncio.Protocol):
+    """One connection to oms: the protocol callbacks, the parser, and one exchange at a time."""
+
+    def __init__(self, pool: Upstream) -> None:
+        self._pool = pool
+        self._loop = pool.loop
+        self._high = pool.high_water
+        self._read_timeout = pool.read_timeout
+        self._low = pool.high_water // 2
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._parser_spent = False  # fed part of a message only (direct body): make a new one
+        self._direct_left = 0  # bytes of a Content-Length body still to come, past the parser
+        self.closed = False
+        self.in_pool = False
+        self.counted = True  # holds a slot of the pool's connection count
+        self.reused = False
+        self.idle_since = 0.0
+        self._write_paused = False
+        self._read_paused = False
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline = 0.0  # of the current wait (see _wait)
+        self._timer: asyncio.TimerHandle | None = None
+        self._begin(head_only=False)
+        self.active = False
+
+    def _begin(self, *, head_only: bool) -> None:
+        """Fresh state for the next exchange."""
+        self.active = True
+        self.head_only = head_only
+        self.status = 0
+        self._reason = b""
+        self._raw: list[tuple[str, str]] = []
+        self.headers: CIMultiDict[str] = _NO_HEADERS
+        self.content_length: int | None = None
+        self._interim = False
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.eof_body = False
+        self.got_bytes = False
+        self.body_sent = 0
+        self.body_seen = 0
+        self.reusable = True
+        self.error: UpstreamError | None = None
+        self._direct_left = 0
+        if self._parser_spent:
+            self._parser = httptools.HttpResponseParser(self)
+            self._parser_spent = False
+
+    # --- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport subclasses, hence no isinstance).
+        self.transport = typing.cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.active:  # bytes on an idle connection belong to no request: drop it
+            self.reusable = False
+            self._pool.discard(self)
+            return
+        if self._direct_left:
+            self._direct(data)
+            return
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            self.reusable = False
+            if not self.complete:
+                cause = e.__context__
+                if isinstance(cause, UpstreamError):
+                    self._fail(cause)
+                else:
+                    self._fail(Broken(f"a malformed answer ({type(e).__name__})"))
+            elif self.transport is not None:
+                self.transport.abort()  # stray bytes after a whole answer
+            return
+        length = self.content_length
+        if (
+            self.head_done
+            and not self.complete
+            and length is not None
+            and length - self.body_seen > _DIRECT_BODY
+        ):
+            # The rest of a long Content-Length body: counted, not parsed (and not copied).
+            self._direct_left = length - self.body_seen
+            self._parser_spent = True
+
+    def _direct(self, data: bytes) -> None:
+        """Bytes of a Content-Length body taken past the parser (see data_received)."""
+        left = self._direct_left
+        if len(data) > left:  # the body ends here, and something else follows it
+            self.reusable = False
+            data = data[:left]
+        self._direct_left = left - len(data)
+        self.on_body(data)
+        if not self._direct_left:
+            self.complete = True
+            self._wake()
+            if not self.reusable and self.transport is not None:
+                self.transport.abort()
+
+    def eof_received(self) -> bool | None:
+        self._at_end(None)
+        return None  # let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._at_end(exc)
+        self._pool.forget(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake()
+
+    # --- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete or not self.active:
+            raise _Stray
+
+    def on_status(self, status: bytes) -> None:
+        self._reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._raw.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                raise Broken("a protocol switch (101), which the pass-through does not support")
+            self._interim = True  # 100, 102, 103: an interim answer; the final one follows
+            self._raw = []
+            self._reason = b""
+            return
+        self.status = status
+        self.keep_alive = self._parser.should_keep_alive()  # known from the head on
+        self.headers = headers = CIMultiDict(self._raw)
+        length = headers.get("Content-Length")
+        self.content_length = int(length) if length is not None else None
+        if self.head_only:
+            # Complete without a body. llhttp, not told this was HEAD, may now expect one:
+            # the connection is never reused.
+            self.complete = True
+            self.reusable = False
+        elif length is None and status not in (204, 304):
+            encoding = headers.get("Transfer-Encoding")
+            self.eof_body = encoding is None or not encoding.rstrip().lower().endswith("chunked")
+        self.head_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:  # an answer to HEAD has no body whatever it announces
+            return
+        self.chunks.append(body)
+        self.body_seen += len(body)
+        self.buffered += len(body)
+        if self.buffered >= self._high and not self._read_paused and not self.closed:
+            self._read_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        if not self.complete:
+            self.complete = True
+            self.keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.abort()
+        self._wake()
+
+    def _at_end(self, exc: Exception | None) -> None:
+        """The connection ended (EOF or closed): complete an EOF-delimited body, else fail."""
+        if self.active and not self.complete and self.error is None:
+            if self.head_done and self.eof_body and exc is None:
+                self.complete = True
+            elif self.head_done:
+                self.error = Broken("connection closed in the middle of the answer")
+            elif self.got_bytes:
+                self.error = Broken("connection closed in the middle of the answer's head")
+            else:
+                self.error = Broken("connection closed without an answer")
+        self.reusable = False
+        self._wake()
+
+    async def _wait(self) -> None:
+        """Until the next event on this connection; ReadTimeout after the read timeout.
+
+        One timer per connection serves all its waits: a wait only moves the deadline on,
+        and the timer, when it fires early, sets itself again for the current deadline. That
+        spares a timer handle per wait (created, cancelled, then dropped from the loop's heap).
+        """
+        waiter = self._waiter = self._loop.create_future()
+        self._deadline = self._loop.time() + self._read_timeout
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self.closed:
+            return  # no wait now: the next one sets the timer again
+        if self._loop.time() >= self._deadline:
+            waiter.set_exception(ReadTimeout("nothing received in time"))
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+
+    def _take(self, n: int) -> bytes:
+        chunks = self.chunks
+        data = chunks.popleft()
+        if len(data) > n:
+            chunks.appendleft(data[n:])
+            data = data[:n]
+        elif chunks and len(data) + len(chunks[0]) <= n:
+            parts = [data]
+            size = len(data)
+            while chunks and size + len(chunks[0]) <= n:
+                part = chunks.popleft()
+                parts.append(part)
+                size += len(part)
+            data = b"".join(parts)
+        self.buffered -= len(data)
+        if self._read_paused and self.buffered <= self._low:
+            self._read_paused = False
+            if not self.closed and self.transport is not None:
+                self.transport.resume_reading()
+        return data
+
+    # --- one exchange -----------------------------------------------------------------------
+
+    async def send(
+        self,
+        head: bytes,
+        body: bytes | AsyncIterable[bytes] | None,
+        length: int | None,
+    ) -> None:
+        """Write the request and wait for the answer's head."""
+        transport = self.transport
+        assert transport is not None
+        if body is None or isinstance(body, bytes):
+            if body and len(body) > _COALESCE:
+                transport.write(head)
+                transport.write(body)
+            else:
+                transport.write(head + body if body else head)
+            self.body_sent = len(body) if body else 0
+        else:
+            await self._send_stream(transport, head, body, length)
+        while not self.head_done:
+            if self.error is not None:
+                raise self.error
+            if self.closed:  # pragma: no cover - connection_lost always sets error first
+                raise Broken("connection closed without an answer")
+            await self._wait()
+
+    async def _send_stream(
+        self,
+        transport: asyncio.Transport,
+        head: bytes,
+        body: AsyncIterable[bytes],
+        length: int | None,
+    ) -> None:
+        transport.write(head)
+        complete = True
+        try:
+            async for data in body:
+                if self.closed or self.head_done:  # oms answered (or left) before the end
+                    complete = False
+                    break
+                if not data:
+                    continue
+                if length is None:
+                    transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+                else:
+                    transport.write(data)
+                self.body_sent += len(data)
+                while self._write_paused and not self.closed and not self.head_done:
+                    await self._wait()
+        finally:
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()
+        if not complete:
+            self.reusable = False  # the rest of the body is not sent: the connection is spent
+            return
+        if length is None:
+            transport.write(_LAST_CHUNK)
+        elif self.body_sent != length:
+            error = Broken("the request body ended before its announced length")
+            self._fail(error)
+            raise error
+
+    async def read_chunk(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the answer's body; ``b""`` at its end."""
+        while not self.chunks:
+            if self.complete:
+                return b""
+            if self.error is not None:
+                raise self.error
+            if self.closed:  # pragma: no cover - connection_lost always completes or fails
+                raise Broken("connection closed in the middle of the answer")
+            await self._wait()
+        return self._take(n)
+
+
+class Response:
+    """The head of oms's answer; the body is read with :meth:`read` or :meth:`read_chunk`.
+
+    :meth:`release` must be called when done with it (``finally``): the connection goes back to
+    the pool if the answer was read whole and cleanly, else it is closed.
+    """
+
+    __slots__ = ("_conn", "_pool", "content_length", "headers", "reason", "status")
+
+    def __init__(self, conn: _Conn, pool: Upstream) -> None:
+        self._conn: _Conn | None = conn
+        self._pool = pool
+        self.status = conn.status
+        self.reason = conn._reason.decode("utf-8", "surrogateescape")
+        self.headers = conn.headers
+        self.content_length = conn.content_length
+
+    async def read_chunk(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the body, as they come; ``b""`` once it is all read."""
+        conn = self._conn
+        if conn is None:
+            raise Broken("the answer was released")
+        return await conn.read_chunk(n)
+
+    async def read(self) -> bytes:
+        """The whole body (for answers known to be small)."""
+        conn = self._conn
+        if conn is None:
+            raise Broken("the answer was released")
+        if conn.complete and len(conn.chunks) <= 1:  # the usual small answer: already here
+            return conn._take(1 << 62) if conn.chunks else b""
+        parts = []
+        while data := await conn.read_chunk(1 << 62):
+            parts.append(data)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with the answer: reuse the connection if the exchange ended cleanly."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._pool.release(conn)
+
+    def close(self) -> None:
+        """Abandon the answer: the connection is closed, never reused."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.reusable = False
+            self._pool.release(conn)
+
+
+class Upstream:
+    """Pooled HTTP/1.1 connections to one origin (oms), for the pass-through.
+
+    ``chunk`` is the size of the body reads, and the most of an answer's body queued (past it,
+    the socket is not read until the queue is half empty); ``ssl_context`` the TLS settings
+    for an https ``url`` (default: the system's CAs, hostname checked). Create it inside the
+    running event loop; :meth:`close` it at the end.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        max_connections: int = 0,
+        max_idle_seconds: float = 15.0,
+        chunk: int = 256 * 1024,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+        tls = parts.scheme == "https"
+        default_port = 443 if tls else 80
+        self.host = parts.hostname
+        self.port = parts.port or default_port
+        netloc = parts.netloc.rpartition("@")[2]
+        if parts.port == default_port:
+            netloc = netloc.rsplit(":", 1)[0]
+        self.host_header = netloc
+        self._ssl: ssl.SSLContext | None = None
+        if tls:
+            self._ssl = ssl_context or ssl.create_default_context()
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
+        self.max_idle_seconds = max_idle_seconds
+        self.high_water = chunk
+        self.loop = asyncio.get_running_loop()
+        self._idle: list[_Conn] = []  # oldest first
+        self._conns: set[_Conn] = set()
+        self._count = 0  # connections open or opening (a slot each)
+        self._waiters: collections.deque[asyncio.Future[_Conn | None]] = collections.deque()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # --- the request ------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | AsyncIterable[bytes] | None = None,
+        *,
+        length: int | None = None,
+    ) -> Response:
+        """Send one request; return the answer's head once it has arrived.
+
+        ``target`` is the request target as sent on the wire (origin form, already encoded).
+        ``headers`` go out as given, after ``Host``; they carry the body's ``Content-Length``
+        when there is one. A streamed ``body`` with ``length`` None is sent chunked (and
+        ``Transfer-Encoding: chunked`` is added); with a ``length`` it must bring exactly that
+        many bytes.
+        """
+        chunked = body is not None and not isinstance(body, bytes) and length is None
+        head = self._head(method, target, headers, chunked)
+        fresh = False
+        while True:
+            conn = await self._acquire(fresh=fresh)
+            conn._begin(head_only=method == "HEAD")
+            try:
+                await conn.send(head, body, length)
+            except Broken:
+                conn.reusable = False
+                self.release(conn)
+                if (
+                    not fresh
+                    and conn.reused
+                    and not conn.got_bytes
+                    and conn.body_sent == 0
+                    and not body
+                    and method in _IDEMPOTENT
+                ):
+                    fresh = True  # oms closed a kept-alive connection as it was reused
+                    continue
+                raise
+            except BaseException:
+                conn.reusable = False
+                self.release(conn)
+                raise
+            return Response(conn, self)
+
+    def _head(
+        self, method: str, target: str, headers: Iterable[tuple[str, str]], chunked: bool
+    ) -> bytes:
+        lines = [f"{name}: {value}\r\n" for name, value in headers]
+        if chunked:
+            lines.append("Transfer-Encoding: chunked\r\n")
+        text = f"{method} {target} HTTP/1.1\r\nHost: {self.host_header}\r\n{''.join(lines)}\r\n"
+        # Every line ends in CRLF; any other CR or LF would split a line (header injection).
+        breaks = len(lines) + 3
+        if text.count("\n") != breaks or text.count("\r") != breaks:
+            raise ValueError("line break in a request line or header")
+        return text.encode("utf-8", "surrogateescape")
+
+    # --- the pool ---------------------------------------------------------------------------
+
+    async def _acquire(self, *, fresh: bool) -> _Conn:
+        if self._closed:
+            raise Broken("the connection pool is closed")
+        if not fresh:
+            idle = self._idle
+            while idle:
+                conn = idle.pop()
+                conn.in_pool = False
+                if not conn.closed and conn.reusable:
+                    conn.reused = True
+                    return conn
+                self.discard(conn)
+        deadline = self.loop.time() + self.connect_timeout
+        limit = self.max_connections
+        if limit and self._count >= limit:
+            handed = await self._wait_for_slot(deadline)
+            if handed is not None:
+                if not fresh:
+                    return handed
+                handed.counted = False  # a kept-alive one will not do: take over its slot
+                self.discard(handed)
+        else:
+            self._count += 1
+        return await self._connect(deadline)
+
+    async def _wait_for_slot(self, deadline: float) -> _Conn | None:
+        """A released connection, or None: a slot to open a new one (already counted)."""
+        waiter: asyncio.Future[_Conn | None] = self.loop.create_future()
+        self._waiters.append(waiter)
+        timer = self.loop.call_at(deadline, _expire_slot, waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                got = waiter.result()
+                if got is not None:
+                    self.release(got)
+                else:
+                    self._free_slot()
+            raise
+        finally:
+            timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    async def _connect(self, deadline: float) -> _Conn:
+        """A new connection, holding the slot the caller counted for it."""
+        conn = _Conn(self)  # owns the slot from here: forget() frees it, once
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.loop.create_connection(
+                    lambda: conn,
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
+        except BaseException as e:
+            self.discard(conn)
+            if isinstance(e, TimeoutError):
+                raise ConnectTimeout("no connection in time") from e
+            if isinstance(e, OSError):
+                raise ConnectFailed(e) from e
+            raise
+        self._conns.add(conn)
+        if self._closed:
+            self.discard(conn)
+            raise Broken("the connection pool is closed")
+        return conn
+
+    def release(self, conn: _Conn) -> None:
+        """End of an exchange: back to the pool (or to a waiter) if clean, else closed."""
+        conn.active = False
+        if not (conn.complete and conn.keep_alive and conn.reusable) or conn.closed:
+            self.discard(conn)
+            return
+        if conn.chunks:  # the answer arrived whole but was not all read: nothing is on the wire
+            conn.chunks.clear()
+            conn.buffered = 0
+        if conn._read_paused and conn.transport is not None:
+            conn._read_paused = False
+            conn.transport.resume_reading()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                conn.reused = True
+                waiter.set_result(conn)
+                return
+        if self._closed:
+            self.discard(conn)
+            return
+        conn.in_pool = True
+        conn.idle_since = self.loop.time()
+        self._idle.append(conn)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self.max_idle_seconds, self._sweep)
+
+    def discard(self, conn: _Conn) -> None:
+        """Close ``conn`` at once (nothing is flushed) and free its slot."""
+        if conn.in_pool:
+            conn.in_pool = False
+            with contextlib.suppress(ValueError):
+                self._idle.remove(conn)
+        conn.active = False
+        if conn.transport is not None and not conn.closed:
+            conn.transport.abort()
+        self.forget(conn)
+
+    def forget(self, conn: _Conn) -> None:
+        """``conn`` is closed or closing: it no longer counts against the limit."""
+        if conn.closed:
+            self._conns.discard(conn)
+        if conn.in_pool:
+            conn.in_pool = False
+            with contextlib.suppress(ValueError):
+                self._idle.remove(conn)
+        if conn.counted:
+            conn.counted = False
+            self._free_slot()
+
+    def _free_slot(self) -> None:
+        """A slot is free: give it to the first waiter, else count it out."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the waiter now holds this slot
+                return
+        self._count -= 1
+
+    def _sweep(self) -> None:
+        """Close the connections idle for ``max_idle_seconds``; run again while any is idle."""
+        self._sweeper = None
+        now = self.loop.time()
+        idle = self._idle
+        while idle and now - idle[0].idle_since >= self.max_idle_seconds:
+            self.discard(idle[0])
+        if idle:
+            wait = idle[0].idle_since + self.max_idle_seconds - now
+            self._sweeper = self.loop.call_later(max(wait, 0.01), self._sweep)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open or being opened (idle ones included)."""
+        return self._count
+
+    @property
+    def idle_connections(self) -> int:
+        """Connections waiting in the pool."""
+        return len(self._idle)
+
+    async def close(self) -> None:
+        """Close every connection, idle or busy; pending and later requests fail."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(Broken("the connection pool is closed"))
+        for conn in list(self._conns):
+            self.discard(conn)
+        for _ in range(100):  # connection_lost comes on the next turns of the loop
+            if not self._conns:
+                break
+            await asyncio.sleep(0)
+
+
+def _expire_slot(waiter: asyncio.Future[_Conn | None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(ConnectTimeout("no free connection in time"))
