@@ -135,8 +135,7 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Any request the proxy does not answer itself goes to oms unchanged."""
-    app = request.app
-    return await forward(request, app[SESSION], app[OMS_BASE], app[CONFIG].server.read_chunk_bytes)
+    return await forward(request)
 
 
 async def healthz(request: web.Request) -> web.Response:

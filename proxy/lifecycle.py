@@ -76,7 +76,7 @@ from proxy.errors import (
 )
 from proxy.k8s import KubeClient
 from proxy.keys import CONFIG, KUBE, OMS_BASE, RUN_CACHE, SESSION
-from proxy.passthrough import forward, request_id, upstream_url
+from proxy.passthrough import forward, oms_request_headers, request_id, upstream_url
 from proxy.routes import ROUTES
 from proxy.runview import (
     FINAL_MESSAGE_KEY,
@@ -779,14 +779,7 @@ class OmsAnswer:
 async def _oms_get(request: web.Request, path_qs: str | None = None) -> OmsAnswer:
     """GET the request's URL (or ``path_qs``) from oms, with the client's headers, read whole."""
     app = request.app
-    out = hdr.upstream_request_headers(
-        request.headers,
-        peer=request.remote,
-        scheme=request.scheme,
-        host=request.host,
-        request_id=request_id(request),
-        content_length=None,
-    )
+    out = oms_request_headers(request, None)
     out["Accept-Encoding"] = "identity"  # the proxy reads this answer
     base = app[OMS_BASE]
     url = upstream_url(base, request) if path_qs is None else URL(base + path_qs, encoded=True)
@@ -804,11 +797,6 @@ async def _oms_get(request: web.Request, path_qs: str | None = None) -> OmsAnswe
 
 def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, headers={hdr.REQUEST_ID: request_id(request)})
-
-
-async def _passthrough(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    return await forward(request, app[SESSION], app[OMS_BASE], app[CONFIG].server.read_chunk_bytes)
 
 
 def _cache(request: web.Request) -> RunCache | None:
@@ -846,12 +834,12 @@ async def handle_run_log(request: web.Request) -> web.StreamResponse:
     m = _PAGING.fullmatch(request.match_info.get("paging", ""))
     model, stamp = request.match_info["model"], request.match_info["stamp"]
     if cache is None or m is None or (m["start"] is not None and m["start"] == ""):
-        return await _passthrough(request)
+        return await forward(request)
     if m["count"] is not None and m["count"] == "":
-        return await _passthrough(request)
+        return await forward(request)
     run = await cache.find(stamp, model)
     if run is None:
-        return await _passthrough(request)
+        return await forward(request)
     start_text = request.query.get("start") or m["start"] or ""
     count_text = request.query.get("count") or m["count"] or ""
     try:
@@ -864,7 +852,7 @@ async def handle_run_log(request: web.Request) -> web.StreamResponse:
         raise BadRequest(f"Invalid value of log line count {model}") from e
     view = await cache.view(run)
     if view is None:
-        return await _passthrough(request)
+        return await forward(request)
     return _json(log_page(view, start, count), request)
 
 
@@ -872,10 +860,10 @@ async def handle_run_status(request: web.Request) -> web.StreamResponse:
     """GET /api/model/{model}/run/{stamp}/status and .../status/list."""
     cache = _cache(request)
     if cache is None:
-        return await _passthrough(request)
+        return await forward(request)
     run = await cache.find(request.match_info["stamp"], request.match_info["model"])
     if run is None:
-        return await _passthrough(request)
+        return await forward(request)
     view = await cache.view(run)
     answer = await _oms_get(request)
     doc = answer.json()
@@ -901,10 +889,10 @@ async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
     """GET /api/model/{model}/run/status/last: ours when our newest run is newer than oms's."""
     cache = _cache(request)
     if cache is None:
-        return await _passthrough(request)
+        return await forward(request)
     runs = await cache.runs_of_model(request.match_info["model"])
     if not runs:
-        return await _passthrough(request)
+        return await forward(request)
     answer = await _oms_get(request)
     doc = answer.json()
     if not isinstance(doc, dict):
@@ -930,7 +918,7 @@ async def handle_run_stop(request: web.Request) -> web.StreamResponse:
     stamp = request.match_info["stamp"]
     run = await cache.find(stamp, request.match_info["model"]) if cache is not None else None
     if cache is None or run is None:
-        return await _passthrough(request)
+        return await forward(request)
     view = cache.peek(run)
     if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
         await cache.stop(run)
@@ -949,7 +937,7 @@ async def handle_service_state(request: web.Request) -> web.StreamResponse:
     """GET /api/service/state: oms's, with our active runs added to ``Active``."""
     cache = _cache(request)
     if cache is None:
-        return await _passthrough(request)
+        return await forward(request)
     answer = await _oms_get(request)
     doc = answer.json()
     if not isinstance(doc, dict) or not isinstance(doc.get("Active"), list):
@@ -966,10 +954,10 @@ async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     run = await cache.find(request.match_info["stamp"]) if cache is not None else None
     if cache is None or run is None:
-        return await _passthrough(request)
+        return await forward(request)
     view = await cache.view(run)
     if view is None:
-        return await _passthrough(request)
+        return await forward(request)
     info = view.info
     item: Any = run_pub(view)
     path = f"/api/model/{quote(info.model_digest, safe='')}/run/{quote(info.run_stamp, safe='')}"

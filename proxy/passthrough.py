@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from proxy import headers as hdr
@@ -117,23 +118,28 @@ def upstream_target(request: web.BaseRequest) -> str:
     return raw
 
 
-async def forward(
-    request: web.Request,
-    session: aiohttp.ClientSession,
-    base: str,
-    chunk: int,
-    *,
-    body: bytes | None = None,
-) -> web.StreamResponse:
+def oms_request_headers(request: web.Request, content_length: int | None) -> CIMultiDict[str]:
+    """The headers a request from this client carries to oms (headers.upstream_request_headers)."""
+    return hdr.upstream_request_headers(
+        request.headers,
+        peer=request.remote,
+        scheme=request.scheme,
+        host=request.host,
+        request_id=request_id(request),
+        content_length=content_length,
+    )
+
+
+async def forward(request: web.Request, *, body: bytes | None = None) -> web.StreamResponse:
     """Send ``request`` to oms and stream oms's answer back.
 
     ``body`` replaces the request body when the caller has already read it (it is then sent
     byte-for-byte as read). The exchange goes over the app's pass-through client
-    (:class:`proxy.upstream.Upstream`, ``keys.UPSTREAM``), which talks to the same oms as
-    ``base``; ``session`` (the app's aiohttp session, for the proxy's own calls to oms) is not
-    used here.
+    (:class:`proxy.upstream.Upstream`, ``keys.UPSTREAM``); answers are relayed in
+    ``server.read_chunk_bytes`` pieces.
     """
     upstream = request.app[UPSTREAM]
+    chunk = request.app[CONFIG].server.read_chunk_bytes
     data: bytes | AsyncIterator[bytes] | None
     length: int | None
     if body is not None:
@@ -147,14 +153,7 @@ async def forward(
                     data = await request.read()
             except TimeoutError as e:
                 raise body_timed_out() from e
-    out_headers = hdr.upstream_request_headers(
-        request.headers,
-        peer=request.remote,
-        scheme=request.scheme,
-        host=request.host,
-        request_id=request_id(request),
-        content_length=length,
-    )
+    out_headers = oms_request_headers(request, length)
     started = time.perf_counter()
     try:
         answer = await upstream.request(

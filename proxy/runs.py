@@ -284,9 +284,8 @@ async def handle_submit(request: web.Request) -> web.StreamResponse:
     """POST /api/run."""
     app = request.app
     config, submitter = app[keys.CONFIG], app[keys.SUBMITTER]
-    session, base, chunk = app[keys.SESSION], app[keys.OMS_BASE], config.server.read_chunk_bytes
     if config.runs.intercept == "none" or submitter is None:
-        return await forward(request, session, base, chunk)
+        return await forward(request)
     if "application/json" not in request.headers.get("Content-Type", ""):
         raise UnsupportedMediaType("Expected Content-Type: application/json")
     body = await read_limited(request, config.runs.max_body_bytes)
@@ -295,7 +294,7 @@ async def handle_submit(request: web.Request) -> web.StreamResponse:
     except RunRequestError as e:
         raise BadRequest(e.message) from e
     if config.runs.intercept == "mpi" and not is_mpi(req):
-        return await forward(request, session, base, chunk, body=body)
+        return await forward(request, body=body)
     request[INTERCEPTED] = True
 
     if submitter.in_flight >= config.runs.max_concurrent_submissions:
