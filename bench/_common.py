@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import dataclasses
 import hashlib
+import http.client
 import json
 import multiprocessing
 import os
@@ -1007,3 +1008,34 @@ def summarize_profile(path: Path, title: str, top: int = 25) -> None:
     print("  self %       function")
     for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {100 * n / total:10.1f}  {frame}")
+
+
+def get_json(url: str, timeout: float = 60.0) -> Any:
+    """GET a JSON document over loopback."""
+    host, port = _host_port(url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/" + url.split("/", 3)[3])
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"GET {url}: {resp.status} {data[:300]!r}")
+        return json.loads(data)
+    finally:
+        conn.close()
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    """Wait until the proxy's /readyz answers 200."""
+    last = ""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.1) + 1):
+        try:
+            get_json(url + "/readyz", timeout=5)
+            return
+        except (RuntimeError, OSError, ValueError) as e:
+            last = str(e)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"the proxy did not become ready: {last}")

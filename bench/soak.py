@@ -36,7 +36,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import http.client
 import json
 import os
 import random
@@ -397,37 +396,6 @@ def slope_mib_per_min(samples: list[Sample]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
-def get_json(url: str, timeout: float = 60.0) -> Any:
-    """GET a JSON document over loopback."""
-    host, port = c._host_port(url)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", "/" + url.split("/", 3)[3])
-        resp = conn.getresponse()
-        data = resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"GET {url}: {resp.status} {data[:300]!r}")
-        return json.loads(data)
-    finally:
-        conn.close()
-
-
-def wait_ready(url: str, timeout: float = 30.0) -> None:
-    """Wait until the proxy's /readyz answers 200."""
-    last = ""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / 0.1) + 1):
-        try:
-            get_json(url + "/readyz", timeout=5)
-            return
-        except (RuntimeError, OSError, ValueError) as e:
-            last = str(e)
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(f"the proxy did not become ready: {last}")
-
-
 def settle_fds(pid: int, target: int, limit_s: float) -> tuple[int, float]:
     """Wait until ``pid`` has at most ``target`` fds or ``limit_s`` passed: (fds, seconds)."""
     t0 = time.monotonic()
@@ -466,9 +434,9 @@ def mpijob_accounting(kube_url: str, tag: str) -> JobAccount:
     """Count the soak's MPIJobs from the stand-in's records and a list, consistently."""
     account = JobAccount(Counter(), 0, [])
     for _ in range(10):
-        before = _count_jobs(get_json(f"{kube_url}/debug/standin/timings")["records"], tag)
-        doc = get_json(f"{kube_url}{MPIJOBS_PATH}?labelSelector={SELECTOR}")
-        after = _count_jobs(get_json(f"{kube_url}/debug/standin/timings")["records"], tag)
+        before = _count_jobs(c.get_json(f"{kube_url}/debug/standin/timings")["records"], tag)
+        doc = c.get_json(f"{kube_url}{MPIJOBS_PATH}?labelSelector={SELECTOR}")
+        after = _count_jobs(c.get_json(f"{kube_url}/debug/standin/timings")["records"], tag)
         account = JobAccount(
             after[0],
             after[1],
@@ -592,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                 code=proxy_code(args.tuning),
             )
             servers.append(proxy)
-            wait_ready(proxy.url)
+            c.wait_ready(proxy.url)
             return _soak(args, tag, submit_seconds, poll_seconds, workers, proxy, kube, oms)
         finally:
             for w in workers:
@@ -613,7 +581,7 @@ def _soak(
 ) -> int:
     # Warm up: every kind of request once, then let the pools settle.
     for path in SMALL_PATHS:
-        get_json(proxy.url + path)
+        c.get_json(proxy.url + path)
     c.download(proxy.url, "/test/download/1048576", timeout=30)
     c.upload(proxy.url, "/test/upload", 1 << 20, timeout=30)
     time.sleep(1.0)
@@ -670,7 +638,7 @@ def _soak(
 
     jobs = mpijob_accounting(kube.url, tag)
     listed = jobs.existing
-    kube_stats = get_json(f"{kube.url}/debug/standin/stats")
+    kube_stats = c.get_json(f"{kube.url}/debug/standin/stats")
     log_text = proxy.log.read_text(errors="replace") if proxy.log.exists() else ""
     log_problems = [
         line

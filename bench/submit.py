@@ -188,22 +188,6 @@ def direct_all(
 # --- helpers of the driver --------------------------------------------------------------------
 
 
-def get_json(url: str, timeout: float = 60.0) -> Any:
-    """GET a JSON document over loopback."""
-    host, port = c._host_port(url)
-    path = "/" + url.split("/", 3)[3]
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        data = resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"GET {url}: {resp.status} {data[:300]!r}")
-        return json.loads(data)
-    finally:
-        conn.close()
-
-
 def post_json(url: str, body: bytes, timeout: float = 30.0) -> tuple[int, bytes]:
     """POST a JSON body over loopback; (status, body)."""
     host, port = c._host_port(url)
@@ -219,7 +203,7 @@ def post_json(url: str, body: bytes, timeout: float = 30.0) -> tuple[int, bytes]
 
 def mpijob_stamps(kube_url: str) -> list[str]:
     """The run stamps of the MPIJobs the proxy made, one entry per MPIJob (via the stand-in)."""
-    doc = get_json(f"{kube_url}{MPIJOBS_PATH}?labelSelector={SELECTOR}")
+    doc = c.get_json(f"{kube_url}{MPIJOBS_PATH}?labelSelector={SELECTOR}")
     return [
         str(((i.get("metadata") or {}).get("annotations") or {}).get("openmpp.org/run-stamp"))
         for i in doc.get("items") or ()
@@ -228,28 +212,12 @@ def mpijob_stamps(kube_url: str) -> list[str]:
 
 def stand_in_seconds(kube_url: str) -> dict[str, float]:
     """The stand-in's time on the creates of each run stamp (from its timing records)."""
-    records = get_json(f"{kube_url}/debug/standin/timings")["records"]
+    records = c.get_json(f"{kube_url}/debug/standin/timings")["records"]
     spent: dict[str, float] = defaultdict(float)
     for _seq, method, _verb, _res, _sub, _status, start, end, stamp in records:
         if method == "POST" and stamp:
             spent[stamp] += end - start
     return spent
-
-
-def wait_ready(url: str, timeout: float = 30.0) -> None:
-    """Wait until the proxy's /readyz answers 200 (oms, Kubernetes API, start-up dry-run)."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    for _ in range(int(timeout / 0.1) + 1):
-        try:
-            get_json(url + "/readyz", timeout=5)
-            return
-        except (RuntimeError, OSError, ValueError) as e:
-            last = str(e)
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(f"the proxy did not become ready: {last}")
 
 
 def make_bodies(n: int, tag: str) -> list[tuple[str, bytes]]:
@@ -395,7 +363,7 @@ def run_proxy(
         proxy = c.start_proxy(
             oms.url, work, name="proxy", extra_config=proxy_config(kubeconfig, args.n)
         )
-        wait_ready(proxy.url)
+        c.wait_ready(proxy.url)
         warm = json.loads(REQUEST.read_bytes())
         warm["Mpi"]["Np"] = 100_000
         status, text = post_json(proxy.url + "/api/run", json.dumps(warm).encode())
