@@ -100,12 +100,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> Config:
+    """Load the config and the MPIJob template it names; either raises ConfigError."""
+    from proxy.template import load_template
+
     config = load_config(args.config)
-    try:
-        from proxy.template import load_template
-    except ImportError:  # pragma: no cover - during bootstrap only
-        return config
-    load_template(config.template_path())
+    if config.runs.intercept != "none":
+        load_template(config.template_path())
     return config
 
 

@@ -129,3 +129,19 @@ def test_python_dash_m_works() -> None:
         [sys.executable, "-m", "proxy", "routes"], capture_output=True, text=True, check=True
     )
     assert "/api/run" in out.stdout
+
+
+def test_check_config_rejects_a_template_typo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server would silently drop an unknown field: check-config names it instead."""
+    text = (ROOT / "config" / "mpijob-template.yaml").read_text()
+    assert "tolerations:" in text
+    template = tmp_path / "mpijob-template.yaml"
+    template.write_text(text.replace("tolerations:", "tolerationz:", 1))
+    config = tmp_path / "proxy.yaml"
+    config.write_text("mpijob:\n  template: mpijob-template.yaml\n")
+    assert main(["check-config", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert str(template) in err
+    assert "tolerationz" in err
