@@ -131,6 +131,13 @@ class CacheTuning:
     record_attempts: int = 5
 
 
+def _about_our_run(event: Obj, runs: Mapping[str, Any], prefixes: tuple[str, ...]) -> bool:
+    """Whether an Event is about one of our MPIJobs or one of its pods."""
+    involved = event.get("involvedObject") or {}
+    name = str(involved.get("name") or "")
+    return name in runs or name.startswith(prefixes)
+
+
 # --- the cache -----------------------------------------------------------------------------------
 
 
@@ -584,7 +591,11 @@ class RunCache:
         fetched_at = self.clock()
         try:
             items = await self.kube.list_events("")
-            self._events = EventsSnapshot(tuple(items), fetched_at)
+            # Keep only the Events of our MPIJobs and their pods (<name>, <name>-worker-i,
+            # <name>-launcher-xxxxx): the namespace may hold many more.
+            prefixes = tuple(f"{name}-" for name in self._runs)
+            ours = tuple(e for e in items if _about_our_run(e, self._runs, prefixes))
+            self._events = EventsSnapshot(ours, fetched_at)
         except KubeForbidden as e:
             _LOGGER.warning("cannot list Events, runs will be explained less: %s", e)
             self._events_forbidden = True

@@ -593,3 +593,21 @@ async def test_notify_created_makes_a_new_run_known_at_once(env: Env) -> None:
     run = await cache.find(stamp, DIGEST)
     assert run is not None
     assert run.name == job["metadata"]["name"]
+
+
+def test_only_events_of_our_runs_are_kept() -> None:
+    """The namespace's other Events are not cached (memory and work do not grow with them)."""
+    from proxy.lifecycle import _about_our_run
+
+    runs = {"ompp-riskpaths-1a2b3c4d": object()}
+    prefixes = tuple(f"{n}-" for n in runs)
+
+    def event(name: str) -> dict[str, Any]:
+        return {"involvedObject": {"name": name}}
+
+    assert _about_our_run(event("ompp-riskpaths-1a2b3c4d"), runs, prefixes)
+    assert _about_our_run(event("ompp-riskpaths-1a2b3c4d-worker-0"), runs, prefixes)
+    assert _about_our_run(event("ompp-riskpaths-1a2b3c4d-launcher-x7k2p"), runs, prefixes)
+    assert not _about_our_run(event("ompp-riskpaths-1a2b3c4"), runs, prefixes)
+    assert not _about_our_run(event("someone-elses-pod"), runs, prefixes)
+    assert not _about_our_run({}, runs, prefixes)
