@@ -197,14 +197,19 @@ def start_oms(workdir: Path, max_seconds: float = 1800.0) -> Server:
         workdir,
         subprocess.PIPE,
     )
-    line = _read_line(server.popen, time.monotonic() + 20)
+    server.url = _announced_url(server, "stand-in oms", 20)
+    wait_http(server.url + "/test/small", proc=server)
+    return server
+
+
+def _announced_url(server: Server, what: str, within: float) -> str:
+    """The URL a ``serve_*`` stand-in prints on its first line ("listening on <url>")."""
+    line = _read_line(server.popen, time.monotonic() + within)
     m = re.fullmatch(r"listening on (http://\S+)", line.strip())
     if m is None:
         server.stop()
-        raise RuntimeError(f"stand-in oms did not start: {line!r}\n{server.log_tail()}")
-    server.url = m.group(1)
-    wait_http(server.url + "/test/small", proc=server)
-    return server
+        raise RuntimeError(f"{what} did not start: {line!r}\n{server.log_tail()}")
+    return m.group(1)
 
 
 def start_kube(
@@ -223,12 +228,7 @@ def start_kube(
     argv = [sys.executable, "-m", "proxy.standins.serve_kube", "--host", LOOPBACK, "--port", "0"]
     argv += ["--max-seconds", str(max_seconds), "--kubeconfig", str(kubeconfig), *options]
     server = _spawn(name, argv, workdir, subprocess.PIPE)
-    line = _read_line(server.popen, time.monotonic() + 30)
-    m = re.fullmatch(r"listening on (http://\S+)", line.strip())
-    if m is None:
-        server.stop()
-        raise RuntimeError(f"stand-in Kubernetes API did not start: {line!r}\n{server.log_tail()}")
-    server.url = m.group(1)
+    server.url = _announced_url(server, "stand-in Kubernetes API", 30)
     wait_http(server.url + "/version", proc=server)
     return server, kubeconfig
 

@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import json
 import resource
-import signal
 import socket
 import sys
 import time
@@ -49,6 +48,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from proxy.standins import run_until_stopped
 from proxy.standins.kube import (
     DEFAULT_LOG_LINES,
     EVENTS,
@@ -284,16 +284,7 @@ async def _serve(args: argparse.Namespace) -> None:
         write_kubeconfig(Path(args.kubeconfig), url, namespace=args.namespace[0])
     sys.stdout.write(f"listening on {url}\n")
     sys.stdout.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await asyncio.wait_for(stop.wait(), args.max_seconds)
-    except TimeoutError:
-        pass
-    finally:
-        await runner.cleanup()
+    await run_until_stopped(runner, args.max_seconds)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import signal
 import socket
 import sys
 import time
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from proxy.standins import run_until_stopped
 from proxy.standins.oms import FakeOms
 
 _READ = 64 * 1024
@@ -71,16 +71,7 @@ async def _serve(host: str, port: int, max_seconds: float) -> None:
     await site.start()
     sys.stdout.write(f"listening on http://{host}:{bound}\n")
     sys.stdout.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await asyncio.wait_for(stop.wait(), max_seconds)
-    except TimeoutError:
-        pass
-    finally:
-        await runner.cleanup()
+    await run_until_stopped(runner, max_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
