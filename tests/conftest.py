@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app, server_options
 from proxy.config import Config, config_from_dict
-from proxy.standins.oms import FakeOms
+from standins.oms import FakeOms
 
 # --- oms stand-in and proxy fixtures ---
 
@@ -82,8 +82,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 
 @pytest.fixture
 def fake_kube() -> Any:
-    """A stand-in Kubernetes API (proxy.standins.kube.FakeKube) validating against the CRD."""
-    from proxy.standins.kube import FakeKube, find_crd
+    """A stand-in Kubernetes API (standins.kube.FakeKube) validating against the CRD."""
+    from standins.kube import FakeKube, find_crd
 
     crd = find_crd()
     assert crd is not None, "MPIJob CRD not found: set $OMS_MPIJOB_PROXY_CRD or provide shared/"
@@ -96,7 +96,7 @@ KubeconfigFor = Callable[..., Awaitable[Any]]
 @pytest.fixture
 async def kubeconfig_for(tmp_path: Any) -> AsyncIterator[KubeconfigFor]:
     """``await kubeconfig_for(kube, token=None)``: serve ``kube`` once, return a kubeconfig Path."""
-    from proxy.standins.kube import FakeKube, serve, write_kubeconfig
+    from standins.kube import FakeKube, serve, write_kubeconfig
 
     runners: dict[int, tuple[web.AppRunner, str]] = {}
     written = 0
@@ -156,8 +156,8 @@ PROXY_CALLS: set[tuple[str, str, str]] = set()
 
 @pytest.fixture(autouse=True)
 def _record_proxy_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.k8s import USER_AGENT
-    from proxy.standins.kube import FakeKube
+    from proxy.clients.kube import USER_AGENT
+    from standins.kube import FakeKube
 
     original = FakeKube._record
 

@@ -23,10 +23,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from proxy import k8s as proxy_k8s
+from proxy.clients import kube as proxy_k8s
 from proxy.config import Config, config_from_dict, load_config
 from proxy.routes import HEALTH_ROUTES, ROUTES
-from proxy.template import load_template
+from proxy.submit.template import load_template
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"

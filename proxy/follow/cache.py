@@ -23,11 +23,11 @@ are listed (one request for all runs) only while some run waits to start, every 
 more when a run's prelude is frozen. So a running job costs at most about one request per
 second, whatever the number of pollers; a waiting one about one every 5 s.
 
-**What the answers are made of** is :mod:`proxy.runview` (pure). Two annotations on the MPIJob
+**What the answers are made of** is :mod:`proxy.follow.view` (pure). Two annotations on the MPIJob
 make them identical on every replica and across restarts: the frozen prelude of the log
-(:data:`proxy.runview.PRELUDE_KEY`), and the start-deadline verdict
-(:data:`proxy.runview.FINAL_MESSAGE_KEY`). Whichever replica can first compute one writes it with
-a JSON merge patch carrying ``metadata.resourceVersion`` (a 409 means someone else changed the
+(:data:`proxy.follow.view.PRELUDE_KEY`), and the start-deadline verdict
+(:data:`proxy.follow.view.FINAL_MESSAGE_KEY`). Whichever replica can first compute one writes it
+with a JSON merge patch carrying ``metadata.resourceVersion`` (a 409 means someone else changed the
 job: re-read and look again). Recording the start deadline also suspends the MPIJob
 (``spec.runPolicy.suspend: true``), so a run reported failed cannot start later behind the
 user's back.
@@ -49,55 +49,32 @@ import dataclasses
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
-from proxy import headers as hdr
 from proxy import names
+from proxy.clients.kube import KubeClient
 from proxy.config import Config
 from proxy.errors import (
-    BadRequest,
     KubeAlreadyExists,
     KubeError,
     KubeForbidden,
     KubeInvalid,
     KubeObjectNotFound,
-    UpstreamTimeout,
-    UpstreamUnavailable,
 )
-from proxy.k8s import KubeClient
-from proxy.keys import CONFIG, KUBE, OMS_BASE, RUN_CACHE, SESSION
-from proxy.passthrough import forward, oms_request_headers, request_id, upstream_url
-from proxy.routes import ROUTES
-from proxy.runview import (
+from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, LogBuffer, first_launcher
+from proxy.follow.runinfo import RunInfo, run_info
+from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
-    FINAL_PHASES,
-    JOB_NAME_LABEL,
     PRELUDE_KEY,
     EventsSnapshot,
-    LauncherLog,
-    LogBuffer,
-    PagingError,
-    RunInfo,
     RunView,
     ViewSettings,
     compute_view,
-    first_launcher,
-    format_time,
-    log_page,
-    parse_go_int,
-    run_info,
-    run_job,
-    run_pub,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -105,7 +82,6 @@ _LOGGER = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 SELECTOR = f"{names.MANAGED_BY_KEY}={names.MANAGED_BY_VALUE}"
-MAX_OMS_ANSWER = 32 << 20
 LOG_TAIL_LINES = 2000
 """Lines asked for when re-reading a launcher log; more new lines than this: a whole read."""
 
@@ -759,273 +735,5 @@ class RunCache:
                     _LOGGER.warning("deleting finished MPIJob %s failed: %s", run.name, e)
 
 
-# --- talking to oms -------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class OmsAnswer:
-    """An oms answer read whole."""
-
-    status: int
-    headers: CIMultiDict[str]
-    body: bytes
-
-    def json(self) -> Any:
-        """The body as JSON for a 200 JSON answer, else None."""
-        if self.status != 200 or "json" not in self.headers.get("Content-Type", ""):
-            return None
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return None
-
-    def response(self, request: web.Request) -> web.Response:
-        """This answer, unchanged, for the client."""
-        out = hdr.downstream_response_headers(CIMultiDictProxy(self.headers))
-        out.popall("Content-Length", None)
-        out.setdefault(hdr.REQUEST_ID, request_id(request))
-        return web.Response(status=self.status, headers=out, body=self.body)
-
-
-async def _oms_get(request: web.Request, path_qs: str | None = None) -> OmsAnswer:
-    """GET the request's URL (or ``path_qs``) from oms, with the client's headers, read whole."""
-    app = request.app
-    out = oms_request_headers(request, None)
-    out["Accept-Encoding"] = "identity"  # the proxy reads this answer
-    base = app[OMS_BASE]
-    url = upstream_url(base, request) if path_qs is None else URL(base + path_qs, encoded=True)
-    try:
-        async with app[SESSION].get(
-            url, headers=out, allow_redirects=False, auto_decompress=False
-        ) as resp:
-            body = await resp.content.read(MAX_OMS_ANSWER)
-            return OmsAnswer(resp.status, CIMultiDict(resp.headers), body)
-    except TimeoutError as e:
-        raise UpstreamTimeout("oms did not answer in time") from e
-    except (aiohttp.ClientError, OSError) as e:
-        raise UpstreamUnavailable(f"oms is unreachable: {type(e).__name__}") from e
-
-
-def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, headers={hdr.REQUEST_ID: request_id(request)})
-
-
-def _cache(request: web.Request) -> RunCache | None:
-    return request.app.get(RUN_CACHE)
-
-
-# --- status answers (pure helpers) ----------------------------------------------------------
-
-_OVERRIDDEN = frozenset({"failed", "stopped", "deadline"})
-_NOT_DONE = frozenset({"", "i", "p", "w"})
-
-
-def progress_item(oms_item: Any, view: RunView) -> dict[str, Any] | None:
-    """Our answer for one run status item, or None to pass oms's unchanged.
-
-    oms's item wins when it has a status, unless our MPIJob ended badly while oms still thinks
-    the run is going (a model that died cannot write its final status): then its Status
-    becomes ``e`` (``x`` if stopped). Without an item from oms, a synthesised one answers.
-    """
-    if isinstance(oms_item, dict) and oms_item.get("Status"):
-        if view.is_final and view.phase in _OVERRIDDEN and oms_item.get("Status") in _NOT_DONE:
-            return {**oms_item, "Status": view.status, "UpdateDateTime": format_time(view.updated)}
-        return None
-    return run_pub(view)
-
-
-# --- handlers ---------------------------------------------------------------------------------
-
-_PAGING = re.compile(r"(?:/start/(?P<start>[^/]*)(?:/count/(?P<count>[^/]*))?)?/?")
-
-
-async def handle_run_log(request: web.Request) -> web.StreamResponse:
-    """GET /api/run/log/model/{model}/stamp/{stamp}[/start/{n}[/count/{c}]]."""
-    cache = _cache(request)
-    m = _PAGING.fullmatch(request.match_info.get("paging", ""))
-    model, stamp = request.match_info["model"], request.match_info["stamp"]
-    if cache is None or m is None or (m["start"] is not None and m["start"] == ""):
-        return await forward(request)
-    if m["count"] is not None and m["count"] == "":
-        return await forward(request)
-    run = await cache.find(stamp, model)
-    if run is None:
-        return await forward(request)
-    start_text = request.query.get("start") or m["start"] or ""
-    count_text = request.query.get("count") or m["count"] or ""
-    try:
-        start = parse_go_int(start_text) if start_text else 0
-    except PagingError as e:
-        raise BadRequest(f"Invalid value of start log start line {model}") from e
-    try:
-        count = parse_go_int(count_text) if count_text else 0
-    except PagingError as e:
-        raise BadRequest(f"Invalid value of log line count {model}") from e
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
-    return _json(log_page(view, start, count), request)
-
-
-async def handle_run_status(request: web.Request) -> web.StreamResponse:
-    """GET /api/model/{model}/run/{stamp}/status and .../status/list."""
-    cache = _cache(request)
-    if cache is None:
-        return await forward(request)
-    run = await cache.find(request.match_info["stamp"], request.match_info["model"])
-    if run is None:
-        return await forward(request)
-    view = await cache.view(run)
-    answer = await _oms_get(request)
-    doc = answer.json()
-    if view is None or doc is None:
-        return answer.response(request)
-    if isinstance(doc, list):
-        if not doc:
-            return _json([run_pub(view)], request)
-        out: list[Any] = []
-        for item in doc:
-            ours = None
-            if isinstance(item, dict) and item.get("RunStamp") == view.info.run_stamp:
-                ours = progress_item(item, view)
-            out.append(item if ours is None else ours)
-        return answer.response(request) if out == doc else _json(out, request)
-    if isinstance(doc, dict):
-        ours = progress_item(doc, view)
-        return answer.response(request) if ours is None else _json(ours, request)
-    return answer.response(request)
-
-
-async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
-    """GET /api/model/{model}/run/status/last: ours when our newest run is newer than oms's."""
-    cache = _cache(request)
-    if cache is None:
-        return await forward(request)
-    runs = await cache.runs_of_model(request.match_info["model"])
-    if not runs:
-        return await forward(request)
-    answer = await _oms_get(request)
-    doc = answer.json()
-    if not isinstance(doc, dict):
-        return answer.response(request)
-    stamp = doc.get("RunStamp") or ""
-    same = [r for r in runs if r.info.run_stamp == stamp and stamp]
-    if same and doc.get("Status"):
-        view = await cache.view(max(same, key=lambda r: r.info.submitted))
-        ours = progress_item(doc, view) if view is not None else None
-        return answer.response(request) if ours is None else _json(ours, request)
-    newest = max(runs, key=lambda r: r.info.submitted)
-    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(
-        newest.info.submitted
-    ):
-        return answer.response(request)
-    view = await cache.view(newest)
-    return answer.response(request) if view is None else _json(run_pub(view), request)
-
-
-async def handle_run_stop(request: web.Request) -> web.StreamResponse:
-    """PUT /api/run/stop/model/{model}/stamp/{stamp}: delete the run's MPIJob."""
-    cache = _cache(request)
-    stamp = request.match_info["stamp"]
-    run = await cache.find(stamp, request.match_info["model"]) if cache is not None else None
-    if cache is None or run is None:
-        return await forward(request)
-    view = cache.peek(run)
-    if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
-        await cache.stop(run)
-        _LOGGER.info("stop of run %s: MPIJob %s deleted", stamp, run.name)
-    return web.Response(
-        status=200,
-        content_type="text/plain",
-        headers={
-            "Content-Location": f"/api/model/{run.info.model_digest}/run/{stamp}/true",
-            hdr.REQUEST_ID: request_id(request),
-        },
-    )
-
-
-async def handle_service_state(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/state: oms's, with our active runs added to ``Active``."""
-    cache = _cache(request)
-    if cache is None:
-        return await forward(request)
-    answer = await _oms_get(request)
-    doc = answer.json()
-    if not isinstance(doc, dict) or not isinstance(doc.get("Active"), list):
-        return answer.response(request)
-    views = sorted(await cache.active(), key=lambda v: v.info.submit_stamp)
-    if not views:
-        return answer.response(request)
-    doc["Active"] = [*doc["Active"], *(run_job(v) for v in views)]
-    return _json(doc, request)
-
-
-async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/job/active/{stamp}: job details of a launched run."""
-    cache = _cache(request)
-    run = await cache.find(request.match_info["stamp"]) if cache is not None else None
-    if cache is None or run is None:
-        return await forward(request)
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
-    info = view.info
-    item: Any = run_pub(view)
-    path = f"/api/model/{quote(info.model_digest, safe='')}/run/{quote(info.run_stamp, safe='')}"
-    with contextlib.suppress(UpstreamTimeout, UpstreamUnavailable):
-        oms_list = (await _oms_get(request, path + "/status/list")).json()
-        if isinstance(oms_list, list) and oms_list:
-            item = progress_item(oms_list[0], view) or oms_list[0]
-    return _json(
-        {"JobStatus": "", **run_job(view), "RunStatus": [item], "Lines": list(view.lines)}, request
-    )
-
-
-_HANDLERS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
-    "run_log": handle_run_log,
-    "run_stop": handle_run_stop,
-    "run_status": handle_run_status,
-    "run_status_list": handle_run_status,
-    "run_status_last": handle_run_status_last,
-    "service_state": handle_service_state,
-    "service_job_active": handle_service_job_active,
-}
-
-
-def notify_created(app: web.Application, job: Obj) -> None:
-    """Let the run cache know an MPIJob the submit path just created.
-
-    Pollers that ask right after ``POST /api/run`` then find the run even before the watch
-    event arrives (otherwise they are passed to oms, which answers an empty page).
-    """
-    cache = app.get(RUN_CACHE)
-    if cache is not None:
-        cache.note_created(job)
-
-
-def setup_lifecycle(app: web.Application, tuning: CacheTuning | None = None) -> None:
-    """Add the lifecycle routes and the run cache's start/stop to ``app``.
-
-    Call it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
-    Calling it again does nothing.
-    """
-    if "run_log" in app.router.named_resources():
-        return
-    for route in ROUTES:
-        handler = _HANDLERS.get(route.name)
-        if handler is not None:
-            app.router.add_route(route.method, route.path, handler, name=route.name)
-
-    async def run_cache(app: web.Application) -> AsyncIterator[None]:
-        kube = app.get(KUBE)
-        cache = RunCache(kube, app[CONFIG], tuning) if kube is not None else None
-        app[RUN_CACHE] = cache
-        if cache is not None:
-            await cache.start()
-        try:
-            yield
-        finally:
-            if cache is not None:
-                await cache.close()
-
-    app.cleanup_ctx.append(run_cache)
+RUN_CACHE: web.AppKey[RunCache | None] = web.AppKey("run_cache")
+"""The informer cache of launched runs; None when runs are not intercepted."""

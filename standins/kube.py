@@ -85,7 +85,7 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENV_CRD = "OMS_MPIJOB_PROXY_CRD"
 """Environment variable naming the MPIJob CRD file, for :func:`find_crd`."""
 
-_REPO_CRD = Path(__file__).resolve().parents[2] / ".." / "shared" / "k8s" / "mpijob-crd.yaml"
+_REPO_CRD = Path(__file__).resolve().parents[1] / ".." / "shared" / "k8s" / "mpijob-crd.yaml"
 
 OPERATOR_LABELS = (
     "training.kubeflow.org/operator-name",
