@@ -23,6 +23,7 @@ test: venv lint typecheck pytest
 lint: venv
 	$(VENV)/bin/ruff format --check proxy standins tests bench
 	$(VENV)/bin/ruff check proxy standins tests bench
+	$(VENV)/bin/lint-imports
 	@if [ -f Dockerfile ]; then $(VENV)/bin/hadolint Dockerfile; fi
 
 typecheck: venv

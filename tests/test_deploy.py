@@ -657,7 +657,7 @@ def test_deploy_template_renders_valid_mpijobs(
 
 # --- RBAC -----------------------------------------------------------------------------------
 
-# (apiGroup, resource[/subresource], verb): exactly what proxy/k8s.py KubeClient calls.
+# (apiGroup, resource[/subresource], verb): exactly what proxy/clients/kube.py KubeClient calls.
 EXPECTED_RBAC: frozenset[tuple[str, str, str]] = frozenset(
     {
         ("kubeflow.org", "mpijobs", "create"),
@@ -1034,7 +1034,7 @@ def test_docs_cover_the_error_messages() -> None:
     doc = (ROOT / "README.md").read_text(encoding="utf-8")
     code = Path(proxy_k8s.__file__).read_text(encoding="utf-8")
     for phrase in ("lacks a permission", "is not installed", "namespace does not exist"):
-        assert phrase in code, f"proxy/k8s.py no longer says {phrase!r}: update README.md"
+        assert phrase in code, f"proxy/clients/kube.py no longer says {phrase!r}: update README.md"
         assert phrase in doc, f"README.md does not explain {phrase!r}"
     assert "kubectl get crd mpijobs.kubeflow.org -o jsonpath='{.spec.versions[*].name}'" in doc
     for path in ("k8s/base", "k8s/overlays/routes-only", "k8s/overlays/sidecar"):

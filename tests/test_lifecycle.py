@@ -477,7 +477,7 @@ async def test_watch_off_reads_directly(env: Env) -> None:
 async def test_watch_relists_after_410_and_reconnects_after_a_lost_connection(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.follow.cache")
+    caplog.set_level(logging.INFO, logger="proxy.follow.informer")
     _scenario(env.kube, log_lines=["x"], line_interval=0.01)
     env.kube.bookmark_interval = 1000.0  # no bookmark moves the watch's resourceVersion on
     app_tuning = dataclasses.replace(TUNING, watch_timeout_seconds=1)

@@ -1,12 +1,13 @@
-"""Launched runs for oms clients: an informer cache of MPIJobs and pods, and the handlers.
+"""Launched runs for oms clients: an informer cache of MPIJobs and pods (the handlers' source).
 
 The OpenM++ UI and the R/Python clients follow a run by polling oms: its log pages, its status,
 the jobs page. For runs the proxy launched as MPIJobs, oms knows nothing until the model writes
 its database row (and never knows about a failure before that), so the proxy answers these
-routes itself (:data:`proxy.routes.ROUTES`) and passes everything else, including every stamp
+routes itself (:mod:`proxy.follow.handlers`) and passes everything else, including every stamp
 it does not own, to oms unchanged.
 
-**The cache** (:class:`RunCache`). With ``kubernetes.watch`` on, one list+watch of our MPIJobs
+**The cache** (:class:`RunCache`, over the index :class:`proxy.follow.store.RunStore` that
+:func:`proxy.follow.informer.inform` feeds). With ``kubernetes.watch`` on, one list+watch of our MPIJobs
 and one of their pods (both selected by ``app.kubernetes.io/managed-by=oms-mpijob-proxy``, which
 the renderer also puts on both pod templates) keep a local copy of everything the answers need.
 A watch that fails is retried with exponential backoff (capped at 10 s); a 410 Gone re-lists at
@@ -50,7 +51,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -66,8 +67,10 @@ from proxy.errors import (
     KubeInvalid,
     KubeObjectNotFound,
 )
-from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, LogBuffer, first_launcher
-from proxy.follow.runinfo import RunInfo, run_info
+from proxy.follow.informer import inform
+from proxy.follow.launcherlog import LauncherLog, first_launcher
+from proxy.follow.runinfo import resource_version
+from proxy.follow.store import Run, RunStore, name_of
 from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
     PRELUDE_KEY,
@@ -114,55 +117,7 @@ def _about_our_run(event: Obj, runs: Mapping[str, Any], prefixes: tuple[str, ...
     return name in runs or name.startswith(prefixes)
 
 
-# --- the cache -----------------------------------------------------------------------------------
-
-
-def _rv(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def _newer(new: Obj, old: Obj) -> bool:
-    """``new`` is not older than ``old`` (resourceVersions compared as numbers when they are)."""
-    a, b = _rv(new), _rv(old)
-    if a.isdigit() and b.isdigit():
-        return int(a) >= int(b)
-    return True
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
-
-
-@dataclasses.dataclass(eq=False)
-class Run:
-    """One launched run (an MPIJob of ours) as this replica knows it."""
-
-    name: str
-    obj: Obj
-    info: RunInfo
-    deleted_at: datetime | None = None
-    gone_at: float | None = None
-    """Monotonic time the MPIJob was seen deleted (tombstone expiry)."""
-    launcher_name: str | None = None
-    launcher_obj: Obj | None = None
-    log: LauncherLog | None = None
-    log_buffer: LogBuffer = dataclasses.field(default_factory=LogBuffer)
-    log_read_at: float = -math.inf
-    log_version: int = 0
-    log_task: asyncio.Task[None] | None = None
-    record_task: asyncio.Task[None] | None = None
-    record_after: float = 0.0
-    record_attempts: int = 0
-    memo_key: tuple[Any, ...] | None = None
-    memo_view: RunView | None = None
-
-    @property
-    def deleted(self) -> bool:
-        """The MPIJob is gone (this is a tombstone)."""
-        return self.deleted_at is not None
-
-
-class RunCache:
+class RunCache(RunStore):
     """Informer cache of our MPIJobs and their pods, plus per-run log and Events caching."""
 
     def __init__(
@@ -181,12 +136,8 @@ class RunCache:
             start_deadline_seconds=config.runs.start_deadline_seconds,
             settle_seconds=self.tuning.settle_seconds,
         )
+        super().__init__(self.clock)
         self.watch = config.kubernetes.watch
-        self._runs: dict[str, Run] = {}
-        self._by_stamp: dict[str, set[str]] = {}
-        self._pods: dict[str, Obj] = {}
-        self._pods_by_job: dict[str, set[str]] = {}
-        self._pods_version: dict[str, int] = {}
         self._jobs_synced = False
         self._pods_synced = False
         self._direct_at = -math.inf
@@ -238,153 +189,32 @@ class RunCache:
     # -- informers ----------------------------------------------------------------------------
 
     async def _inform_jobs(self) -> None:
-        await self._inform(
+        await inform(
             "MPIJobs",
             self.kube.list_mpijobs,
             self.kube.watch_mpijobs,
             self._replace_jobs,
             self._apply_job,
             lambda ok: setattr(self, "_jobs_synced", ok),
+            selector=SELECTOR,
+            watch_timeout=self.tuning.watch_timeout_seconds,
+            backoff=(self.tuning.backoff_first_seconds, self.tuning.backoff_max_seconds),
+            closed=lambda: self._closed,
         )
 
     async def _inform_pods(self) -> None:
-        await self._inform(
+        await inform(
             "pods",
             self.kube.list_pods_rv,
             self.kube.watch_pods,
             self._replace_pods,
             self._apply_pod,
             lambda ok: setattr(self, "_pods_synced", ok),
+            selector=SELECTOR,
+            watch_timeout=self.tuning.watch_timeout_seconds,
+            backoff=(self.tuning.backoff_first_seconds, self.tuning.backoff_max_seconds),
+            closed=lambda: self._closed,
         )
-
-    async def _inform(
-        self,
-        what: str,
-        list_fn: Callable[[str], Awaitable[tuple[list[Obj], str]]],
-        watch_fn: Callable[[str, str, int], AsyncIterator[tuple[str, Obj]]],
-        replace: Callable[[list[Obj]], None],
-        apply: Callable[[str, Obj], None],
-        set_synced: Callable[[bool], None],
-    ) -> None:
-        """List, then watch from the list's resourceVersion, for ever (see the module doc)."""
-        t = self.tuning
-        backoff = t.backoff_first_seconds
-        while not self._closed:
-            try:
-                items, rv = await list_fn(SELECTOR)
-                replace(items)
-                set_synced(True)
-                while True:
-                    began, events = time.monotonic(), 0
-                    async for change, obj in watch_fn(SELECTOR, rv, t.watch_timeout_seconds):
-                        events += 1
-                        rv = _rv(obj) or rv
-                        if change != "BOOKMARK":
-                            apply(change, obj)
-                    backoff = t.backoff_first_seconds
-                    if events == 0 and time.monotonic() - began < 1.0:
-                        await asyncio.sleep(t.backoff_first_seconds)  # a server ending at once
-            except KubeError as e:
-                set_synced(False)
-                if e.k8s_status == 410:
-                    _LOGGER.info("watch of %s expired (410): listing again", what)
-                    continue
-                _LOGGER.warning("watch of %s failed, again in %.1f s: %s", what, backoff, e)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, t.backoff_max_seconds)
-
-    def _replace_jobs(self, items: Iterable[Obj]) -> None:
-        seen: set[str] = set()
-        for obj in items:
-            seen.add(_name(obj))
-            self._upsert_job(obj, force=True)
-        for run in list(self._runs.values()):
-            if run.name not in seen and not run.deleted:
-                self._bury(run, run.obj)
-
-    def _apply_job(self, change: str, obj: Obj) -> None:
-        if change == "DELETED":
-            run = self._runs.get(_name(obj))
-            if run is not None and not run.deleted:
-                self._bury(run, obj)
-        elif change in ("ADDED", "MODIFIED"):
-            self._upsert_job(obj, force=True)
-
-    def _upsert_job(self, obj: Obj, *, force: bool = False) -> Run | None:
-        info = run_info(obj)
-        if info is None:
-            return None
-        run = self._runs.get(info.name)
-        if run is not None and run.info.uid != info.uid and info.uid:
-            if not run.deleted and not force:
-                return run
-            self._unindex(run)
-            run = None  # the name was reused by a new MPIJob
-        if run is None:
-            run = Run(name=info.name, obj=obj, info=info)
-            self._runs[info.name] = run
-        elif not run.deleted and (force or _newer(obj, run.obj)):
-            run.obj, run.info = obj, info
-        else:
-            return run
-        for stamp in (info.run_stamp, info.submit_stamp):
-            self._by_stamp.setdefault(names.label_value(stamp), set()).add(info.name)
-        return run
-
-    def _bury(self, run: Run, obj: Obj) -> None:
-        run.obj = obj
-        run.deleted_at = self.clock()
-        run.gone_at = time.monotonic()
-
-    def _unindex(self, run: Run) -> None:
-        for stamp in (run.info.run_stamp, run.info.submit_stamp):
-            bucket = self._by_stamp.get(names.label_value(stamp))
-            if bucket is not None:
-                bucket.discard(run.name)
-                if not bucket:
-                    del self._by_stamp[names.label_value(stamp)]
-        if self._runs.get(run.name) is run:
-            del self._runs[run.name]
-
-    def _replace_pods(self, items: Iterable[Obj]) -> None:
-        fresh = {_name(p): p for p in items}
-        for name in [n for n in self._pods if n not in fresh]:
-            self._remove_pod(name)
-        for pod in fresh.values():
-            self._store_pod(pod)
-
-    def _apply_pod(self, change: str, obj: Obj) -> None:
-        if change == "DELETED":
-            self._remove_pod(_name(obj))
-        elif change in ("ADDED", "MODIFIED"):
-            self._store_pod(obj)
-
-    @staticmethod
-    def _job_of(pod: Obj) -> str:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        return str(labels.get(JOB_NAME_LABEL) or "")
-
-    def _store_pod(self, pod: Obj) -> None:
-        name, job = _name(pod), self._job_of(pod)
-        old = self._pods.get(name)
-        if old is not None and not _newer(pod, old):
-            return
-        self._pods[name] = pod
-        if job:
-            self._pods_by_job.setdefault(job, set()).add(name)
-            self._pods_version[job] = self._pods_version.get(job, 0) + 1
-
-    def _remove_pod(self, name: str) -> None:
-        pod = self._pods.pop(name, None)
-        if pod is None:
-            return
-        job = self._job_of(pod)
-        bucket = self._pods_by_job.get(job)
-        if bucket is not None:
-            bucket.discard(name)
-            if not bucket:
-                del self._pods_by_job[job]
-        self._pods_version[job] = self._pods_version.get(job, 0) + 1
 
     # -- direct reads (no synced watch) ----------------------------------------------------------
 
@@ -469,7 +299,7 @@ class RunCache:
         if run.launcher_name is None:
             first = first_launcher(pods, run.name)
             if first is not None:
-                run.launcher_name = _name(first)
+                run.launcher_name = name_of(first)
         gone = False
         if run.launcher_name is not None:
             current = self._pods.get(run.launcher_name)
@@ -495,7 +325,7 @@ class RunCache:
         prelude_recorded = PRELUDE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
         events = self._events
         key = (
-            _rv(run.obj),
+            resource_version(run.obj),
             run.deleted,
             self._pods_version.get(run.name, 0),
             run.launcher_name,
@@ -659,7 +489,9 @@ class RunCache:
         run.record_task = self._spawn(self._record(run, annotations, suspend), "recording")
 
     async def _record(self, run: Run, annotations: dict[str, str], suspend: bool) -> None:
-        patch: Obj = {"metadata": {"resourceVersion": _rv(run.obj), "annotations": annotations}}
+        patch: Obj = {
+            "metadata": {"resourceVersion": resource_version(run.obj), "annotations": annotations}
+        }
         if suspend:
             patch["spec"] = {"runPolicy": {"suspend": True}}
         try:

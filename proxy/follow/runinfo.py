@@ -78,6 +78,11 @@ def object_meta(obj: Obj) -> Obj:
     return meta if isinstance(meta, Mapping) else {}
 
 
+def resource_version(obj: Obj) -> str:
+    """``metadata.resourceVersion`` of a Kubernetes object ('' when it has none)."""
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
 def annotations_of(obj: Obj) -> Mapping[str, str]:
     ann = object_meta(obj).get("annotations")
     return ann if isinstance(ann, Mapping) else {}
