@@ -21,8 +21,8 @@ demo: venv
 test: venv lint typecheck pytest
 
 lint: venv
-	$(VENV)/bin/ruff format --check proxy tests bench
-	$(VENV)/bin/ruff check proxy tests bench
+	$(VENV)/bin/ruff format --check proxy tests bench tools
+	$(VENV)/bin/ruff check proxy tests bench tools
 	@if [ -f Dockerfile ]; then $(VENV)/bin/hadolint Dockerfile; fi
 
 typecheck: venv

@@ -37,7 +37,7 @@ from proxy.keys import (
     TEMPLATE,
     UPSTREAM,
 )
-from proxy.lifecycle import CacheTuning, setup_lifecycle
+from proxy.lifecycle import setup_lifecycle
 from proxy.metrics import Metrics, submission_outcome
 from proxy.passthrough import REQUEST_ID_KEY, forward
 from proxy.routes import HEALTH_ROUTES, ROUTES
@@ -265,8 +265,8 @@ async def _freeze_gc(app: web.Application) -> None:
         gc.freeze()
 
 
-def create_app(config: Config, *, tuning: CacheTuning | None = None) -> web.Application:
-    """Build the proxy application for ``config`` (``tuning``: run-cache timings, for tests)."""
+def create_app(config: Config) -> web.Application:
+    """Build the proxy application for ``config``."""
     install_log_filters()
     app = web.Application(middlewares=[request_context], client_max_size=config.runs.max_body_bytes)
     app[CONFIG] = config
@@ -283,6 +283,6 @@ def create_app(config: Config, *, tuning: CacheTuning | None = None) -> web.Appl
     app.router.add_get("/metrics", metrics_handler, name="metrics")
     app.router.add_post("/api/run", handle_submit, name="run_submit")
     if config.runs.intercept != "none":
-        setup_lifecycle(app, tuning)
+        setup_lifecycle(app)
     app.router.add_route("*", r"/{tail:[\s\S]*}", passthrough)  # any path, %0A included
     return app

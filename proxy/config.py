@@ -335,6 +335,56 @@ class MpiJobConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FollowConfig:
+    """How the proxy follows its runs: watch cache, Events, tombstones. Defaults suit production."""
+
+    settle_seconds: float = dataclasses.field(
+        default=2.0,
+        metadata=_doc(
+            "An Event is shown once its timestamp is this much older than the list that had it, "
+            "so every replica shows the same log lines."
+        ),
+    )
+    events_refresh_seconds: float = dataclasses.field(
+        default=5.0, metadata=_doc("How often the Events are listed while some run waits to start.")
+    )
+    tombstone_seconds: float = dataclasses.field(
+        default=600.0,
+        metadata=_doc("How long a deleted MPIJob is still answered for (final state)."),
+    )
+    sweep_seconds: float = dataclasses.field(
+        default=30.0,
+        metadata=_doc(
+            "How often tombstones expire, start deadlines are recorded and finished MPIJobs "
+            "deleted."
+        ),
+    )
+    watch_timeout_seconds: int = dataclasses.field(
+        default=300, metadata=_doc("timeoutSeconds of one watch request before it is renewed.")
+    )
+    backoff_first_seconds: float = dataclasses.field(
+        default=0.5, metadata=_doc("First wait before a failed list or watch is tried again.")
+    )
+    backoff_max_seconds: float = dataclasses.field(
+        default=10.0, metadata=_doc("Longest wait between list or watch retries (doubling).")
+    )
+    direct_cache_seconds: float = dataclasses.field(
+        default=1.0,
+        metadata=_doc(
+            "Without a synced watch: how long a direct list of MPIJobs and pods is reused."
+        ),
+    )
+    record_retry_seconds: float = dataclasses.field(
+        default=5.0,
+        metadata=_doc("Wait before a failed recording (annotation patch) on an MPIJob is retried."),
+    )
+    record_attempts: int = dataclasses.field(
+        default=5,
+        metadata=_doc("How many times a recording on an MPIJob is tried before giving up."),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
     """Log output."""
 
@@ -352,6 +402,7 @@ class Config:
     kubernetes: KubernetesConfig = dataclasses.field(default_factory=KubernetesConfig)
     runs: RunsConfig = dataclasses.field(default_factory=RunsConfig)
     mpijob: MpiJobConfig = dataclasses.field(default_factory=MpiJobConfig)
+    follow: FollowConfig = dataclasses.field(default_factory=FollowConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     source: str = dataclasses.field(
         default="<built-in defaults>",
@@ -554,6 +605,25 @@ def _check(config: Config) -> None:
     )
     need(m.active_deadline_seconds > 0, "mpijob.active_deadline_seconds", "expected > 0")
     need(m.ttl_seconds_after_finished >= 0, "mpijob.ttl_seconds_after_finished", "expected >= 0")
+    f = config.follow
+    for name in (
+        "settle_seconds",
+        "events_refresh_seconds",
+        "tombstone_seconds",
+        "sweep_seconds",
+        "backoff_first_seconds",
+        "backoff_max_seconds",
+        "direct_cache_seconds",
+        "record_retry_seconds",
+    ):
+        need(getattr(f, name) > 0, f"follow.{name}", "expected > 0")
+    need(f.watch_timeout_seconds >= 1, "follow.watch_timeout_seconds", "expected >= 1")
+    need(f.record_attempts >= 1, "follow.record_attempts", "expected >= 1")
+    need(
+        f.backoff_max_seconds >= f.backoff_first_seconds,
+        "follow.backoff_max_seconds",
+        "expected >= follow.backoff_first_seconds",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,27 +110,6 @@ LOG_TAIL_LINES = 2000
 """Lines asked for when re-reading a launcher log; more new lines than this: a whole read."""
 
 
-@dataclasses.dataclass(frozen=True)
-class CacheTuning:
-    """Timings of :class:`RunCache` (the defaults suit production; tests shorten them)."""
-
-    settle_seconds: float = 2.0
-    """Events are shown once their timestamp is this much older than the list that had them."""
-    events_refresh_seconds: float = 5.0
-    """How often the Events are listed while some run waits to start."""
-    tombstone_seconds: float = 600.0
-    """How long a deleted MPIJob is still answered for (final state)."""
-    sweep_seconds: float = 30.0
-    """How often tombstones expire, start deadlines are recorded and finished jobs deleted."""
-    watch_timeout_seconds: int = 300
-    backoff_first_seconds: float = 0.5
-    backoff_max_seconds: float = 10.0
-    direct_cache_seconds: float = 1.0
-    """Without a synced watch: how long a direct list of MPIJobs and pods is reused."""
-    record_retry_seconds: float = 5.0
-    record_attempts: int = 5
-
-
 def _about_our_run(event: Obj, runs: Mapping[str, Any], prefixes: tuple[str, ...]) -> bool:
     """Whether an Event is about one of our MPIJobs or one of its pods."""
     involved = event.get("involvedObject") or {}
@@ -193,13 +172,12 @@ class RunCache:
         self,
         kube: KubeClient,
         config: Config,
-        tuning: CacheTuning | None = None,
         *,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
-        self.tuning = tuning or CacheTuning()
+        self.tuning = config.follow
         self.clock = clock or (lambda: datetime.now(UTC))
         self.settings = ViewSettings(
             start_deadline_seconds=config.runs.start_deadline_seconds,
@@ -1003,7 +981,7 @@ def notify_created(app: web.Application, job: Obj) -> None:
         cache.note_created(job)
 
 
-def setup_lifecycle(app: web.Application, tuning: CacheTuning | None = None) -> None:
+def setup_lifecycle(app: web.Application) -> None:
     """Add the lifecycle routes and the run cache's start/stop to ``app``.
 
     Call it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
@@ -1018,7 +996,7 @@ def setup_lifecycle(app: web.Application, tuning: CacheTuning | None = None) -> 
 
     async def run_cache(app: web.Application) -> AsyncIterator[None]:
         kube = app.get(KUBE)
-        cache = RunCache(kube, app[CONFIG], tuning) if kube is not None else None
+        cache = RunCache(kube, app[CONFIG]) if kube is not None else None
         app[RUN_CACHE] = cache
         if cache is not None:
             await cache.start()

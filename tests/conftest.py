@@ -85,9 +85,7 @@ def fake_kube() -> Any:
     """A stand-in Kubernetes API (proxy.standins.kube.FakeKube) validating against the CRD."""
     from proxy.standins.kube import FakeKube, find_crd
 
-    crd = find_crd()
-    assert crd is not None, "MPIJob CRD not found: set $OMS_MPIJOB_PROXY_CRD or provide shared/"
-    return FakeKube(crd_schema_path=crd)
+    return FakeKube(crd_schema_path=find_crd())
 
 
 KubeconfigFor = Callable[..., Awaitable[Any]]

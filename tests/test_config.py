@@ -101,9 +101,9 @@ def test_overrides_win_and_are_validated() -> None:
 
 def test_example_config_is_generated_and_loads_to_defaults() -> None:
     path = ROOT / "config" / "proxy.yaml"
-    assert path.read_text() == example_yaml(), "regenerate: python -c 'from proxy.configdoc ...'"
+    assert path.read_text() == example_yaml(), "regenerate: python tools/regen_config_docs.py"
     config = load_config(path)
-    for section in ("server", "oms", "kubernetes", "runs", "mpijob", "logging"):
+    for section in ("server", "oms", "kubernetes", "runs", "mpijob", "follow", "logging"):
         assert getattr(config, section) == getattr(Config(), section)
 
 

@@ -85,7 +85,8 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENV_CRD = "OMS_MPIJOB_PROXY_CRD"
 """Environment variable naming the MPIJob CRD file, for :func:`find_crd`."""
 
-_REPO_CRD = Path(__file__).resolve().parents[2] / ".." / "shared" / "k8s" / "mpijob-crd.yaml"
+SCHEMA_CRD = Path(__file__).resolve().parent / "schemas" / "mpijob-v2beta1.yaml"
+"""The MPIJob CRD kept in the repository (see ``schemas/README.md`` for its provenance)."""
 
 OPERATOR_LABELS = (
     "training.kubeflow.org/operator-name",
@@ -207,16 +208,18 @@ class RecordedRequest:
 # --- helpers: files, kubeconfig, serving ----------------------------------------------------
 
 
-def find_crd(path: str | Path | None = None) -> Path | None:
-    """The MPIJob CRD file: ``path``, else ``$OMS_MPIJOB_PROXY_CRD``, else the shared copy.
+def find_crd(path: str | Path | None = None) -> Path:
+    """The MPIJob CRD file: ``path``, else ``$OMS_MPIJOB_PROXY_CRD``, else :data:`SCHEMA_CRD`.
 
-    The shared copy is ``<repo>/../shared/k8s/mpijob-crd.yaml``. Returns the first candidate that
-    is an existing file, or None.
+    A path that is given (argument or environment) must exist: a typo is an error, never a silent
+    fall-back to another schema.
     """
-    for candidate in (path, os.environ.get(ENV_CRD), _REPO_CRD):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
+    chosen = path or os.environ.get(ENV_CRD)
+    if not chosen:
+        return SCHEMA_CRD
+    if not Path(chosen).is_file():
+        raise FileNotFoundError(f"the MPIJob CRD file does not exist: {chosen}")
+    return Path(chosen)
 
 
 def write_kubeconfig(
