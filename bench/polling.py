@@ -33,7 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.config import config_from_dict
+from proxy.configload import config_from_dict
 from standins.kube import FakeKube, Scenario, find_crd, serve, write_kubeconfig
 from standins.oms import FakeOms
 

@@ -71,31 +71,6 @@ PROGRESS_KEYS = (
 FINAL_STATUS = frozenset("sxe")
 CLASSES = ("small GET", "download", "upload", "submit", "log page", "status list")
 
-# ``python -m proxy serve`` with the run cache's timings replaced by those in TUNING (JSON), and
-# with the lifecycle routes (log pages, status of launched runs) added should create_app not
-# have them (setup_lifecycle does nothing when it has).
-PROXY_WITH_LIFECYCLE = """
-import json, sys
-import proxy.app, proxy.follow.cache
-TUNING = json.loads(TUNING_JSON)
-_tuning = proxy.follow.cache.CacheTuning
-proxy.follow.cache.CacheTuning = lambda **kw: _tuning(**{**TUNING, **kw})
-_create_app = proxy.app.create_app
-def create_app(config):
-    app = _create_app(config)
-    proxy.follow.cache.setup_lifecycle(app)
-    return app
-proxy.app.create_app = create_app
-from proxy.cli import main
-sys.exit(main())
-"""
-
-
-def proxy_code(tuning: dict[str, float]) -> str:
-    """:data:`PROXY_WITH_LIFECYCLE` with these run cache timings."""
-    return PROXY_WITH_LIFECYCLE.replace("TUNING_JSON", repr(json.dumps(tuning)))
-
-
 # --- the clients (in worker processes) --------------------------------------------------------
 
 
@@ -498,7 +473,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="sample the proxy with py-spy during the traffic; raw stacks to FILE",
     )
     args = p.parse_args(argv)
-    args.tuning = (
+    # The run cache's timings are configuration (group ``follow``): a short retention needs
+    # tombstones and sweeps at least as short, set the way an operator would set them.
+    args.follow = (
         {"tombstone_seconds": args.retention, "sweep_seconds": min(5.0, args.retention)}
         if args.retention < 600
         else {}
@@ -556,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                     "runs": {"intercept": "mpi", "finished_retention_seconds": args.retention},
                     "kubernetes": {"kubeconfig": str(kubeconfig), "namespace": NAMESPACE},
                     "mpijob": {"template": str(TEMPLATE)},
+                    "follow": args.follow,
                 },
-                code=proxy_code(args.tuning),
             )
             servers.append(proxy)
             c.wait_ready(proxy.url)

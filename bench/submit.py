@@ -56,7 +56,7 @@ from typing import Any
 import _common as c  # the sibling module (this script's directory is on sys.path)
 import aiohttp
 
-from proxy.config import config_from_dict
+from proxy.configload import config_from_dict
 from proxy.submit.decode import ModelInfo, parse_run_request
 from proxy.submit.render import Stamps, render
 from proxy.submit.template import load_template

@@ -24,7 +24,7 @@ from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, instal
 from proxy.clients.kube import KUBE, KubeClient, load_api_client
 from proxy.config import Config
 from proxy.errors import BadRequest, Handler, ProxyError, error_response
-from proxy.follow.cache import RUN_CACHE, CacheTuning
+from proxy.follow.cache import RUN_CACHE
 from proxy.follow.handlers import setup_lifecycle
 from proxy.keys import CONFIG, METRICS, OMS_BASE, REQUEST_ID_KEY, SESSION, STATE
 from proxy.metrics import Metrics, submission_outcome
@@ -274,8 +274,8 @@ async def _freeze_gc(app: web.Application) -> None:
         gc.freeze()
 
 
-def create_app(config: Config, *, tuning: CacheTuning | None = None) -> web.Application:
-    """Build the proxy application for ``config`` (``tuning``: run-cache timings, for tests)."""
+def create_app(config: Config) -> web.Application:
+    """Build the proxy application for ``config``."""
     install_log_filters()
     app = web.Application(middlewares=[request_context], client_max_size=config.runs.max_body_bytes)
     app[CONFIG] = config
@@ -292,6 +292,6 @@ def create_app(config: Config, *, tuning: CacheTuning | None = None) -> web.Appl
     app.router.add_get("/metrics", metrics_handler, name="metrics")
     app.router.add_post("/api/run", handle_submit, name="run_submit")
     if config.runs.intercept != "none":
-        setup_lifecycle(app, tuning)
+        setup_lifecycle(app)
     app.router.add_route("*", r"/{tail:[\s\S]*}", passthrough)  # any path, %0A included
     return app

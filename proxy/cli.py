@@ -8,7 +8,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from proxy.config import Config, ConfigError, Overrides, load_config
+from proxy.config import Config, ConfigError
+from proxy.configload import Overrides, load_config
 
 _LOGGER = logging.getLogger("proxy")
 

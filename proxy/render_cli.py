@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from proxy.config import ConfigError, load_config
+from proxy.config import ConfigError
+from proxy.configload import load_config
 from proxy.stamps import StampSource, local_now
 from proxy.submit.decode import ModelInfo, RunRequestError, parse_run_request
 from proxy.submit.render import RenderError, Stamps, render

@@ -56,10 +56,10 @@ from standins.kube import (
     RecordedRequest,
     Scenario,
     ScenarioKind,
-    _request_attributes,
     find_crd,
     write_kubeconfig,
 )
+from standins.kube.selectors import _request_attributes
 
 DEBUG_PREFIX = "/debug/standin/"
 RUN_STAMP_KEY = "openmpp.org/run-stamp"
@@ -195,9 +195,10 @@ def _parse_seconds(text: str) -> tuple[float, float]:
 
 def make_kube(args: argparse.Namespace) -> tuple[FakeKube, Timings]:
     """The stand-in for the parsed flags, with request counting and the debug routes."""
-    crd = None if args.no_validation else find_crd(args.crd)
-    if not args.no_validation and crd is None:
-        raise SystemExit("no MPIJob CRD file found (give --crd, or --no-validation)")
+    try:
+        crd = None if args.no_validation else find_crd(args.crd)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from None
     kube = FakeKube(
         namespaces=args.namespace,
         crd_schema_path=crd,
@@ -306,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig",
     )
     p.add_argument("--kubeconfig", metavar="FILE", help="write a kubeconfig for this server")
-    p.add_argument("--crd", metavar="FILE", help="MPIJob CRD file (default: find_crd())")
+    p.add_argument(
+        "--crd", metavar="FILE", help="MPIJob CRD file (default: the schema kept in the repository)"
+    )
     p.add_argument(
         "--no-validation", action="store_true", help="no CRD schema validation of MPIJobs"
     )

@@ -11,7 +11,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app, server_options
-from proxy.config import Config, config_from_dict
+from proxy.config import Config
+from proxy.configload import config_from_dict
 from standins.oms import FakeOms
 
 # --- oms stand-in and proxy fixtures ---
@@ -85,9 +86,7 @@ def fake_kube() -> Any:
     """A stand-in Kubernetes API (standins.kube.FakeKube) validating against the CRD."""
     from standins.kube import FakeKube, find_crd
 
-    crd = find_crd()
-    assert crd is not None, "MPIJob CRD not found: set $OMS_MPIJOB_PROXY_CRD or provide shared/"
-    return FakeKube(crd_schema_path=crd)
+    return FakeKube(crd_schema_path=find_crd())
 
 
 KubeconfigFor = Callable[..., Awaitable[Any]]

@@ -1,4 +1,4 @@
-"""Validate MPIJobs against the MPIJob CRD's openAPIV3Schema (shared/k8s/mpijob-crd.yaml).
+"""Validate MPIJobs against the MPIJob CRD's openAPIV3Schema (the schema kept in the repository).
 
 The schema is made strict the way ``fieldValidation=Strict`` is: an object schema that lists
 its properties (and does not preserve unknown fields) rejects any other property, instead of
@@ -8,13 +8,12 @@ the API server's silent pruning. The CRD file must exist: a missing file fails t
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
-CRD_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "k8s" / "mpijob-crd.yaml"
+from standins.kube import SCHEMA_CRD as CRD_PATH
 
 
 def _strict(schema: Any) -> Any:

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from proxy.config import (
-    Config,
-    ConfigError,
-    Overrides,
-    apply_overrides,
-    config_from_dict,
-    load_config,
-)
+from proxy.config import Config, ConfigError
 from proxy.configdoc import example_yaml, markdown_reference
+from proxy.configload import Overrides, apply_overrides, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,9 +95,9 @@ def test_overrides_win_and_are_validated() -> None:
 
 def test_example_config_is_generated_and_loads_to_defaults() -> None:
     path = ROOT / "config" / "proxy.yaml"
-    assert path.read_text() == example_yaml(), "regenerate: python -c 'from proxy.configdoc ...'"
+    assert path.read_text() == example_yaml(), "regenerate: python tools/regen_config_docs.py"
     config = load_config(path)
-    for section in ("server", "oms", "kubernetes", "runs", "mpijob", "logging"):
+    for section in ("server", "oms", "kubernetes", "runs", "mpijob", "follow", "logging"):
         assert getattr(config, section) == getattr(Config(), section)
 
 

@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from proxy.clients import kube as proxy_k8s
-from proxy.config import Config, config_from_dict, load_config
+from proxy.config import Config
+from proxy.configload import config_from_dict, load_config
 from proxy.routes import HEALTH_ROUTES, ROUTES
 from proxy.submit.template import load_template
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.config import Config
-from proxy.follow.cache import RUN_CACHE, CacheTuning
+from proxy.follow.cache import RUN_CACHE
 from proxy.follow.view import FINAL_MESSAGE_KEY, PREFIX, PRELUDE_KEY
 from proxy.submit.handler import SUBMITTER
 from standins.kube import DEFAULT_LOG_LINES, FakeKube, Scenario
@@ -32,15 +32,16 @@ NS = "default"
 MODEL = "modelOne"
 DIGEST = "_201208171604590148_"
 TICK = 0.05  # the UI ticks every second; tests tick faster
-TUNING = CacheTuning(
-    settle_seconds=0.1,
-    events_refresh_seconds=0.3,
-    sweep_seconds=3600.0,  # tests call sweep() themselves
-    backoff_first_seconds=0.05,
-    backoff_max_seconds=0.2,
-    direct_cache_seconds=0.2,
-    record_retry_seconds=0.2,
-)
+# The run cache's timings (config group ``follow``), shortened for tests.
+FOLLOW: dict[str, Any] = {
+    "settle_seconds": 0.1,
+    "events_refresh_seconds": 0.3,
+    "sweep_seconds": 3600.0,  # tests call sweep() themselves
+    "backoff_first_seconds": 0.05,
+    "backoff_max_seconds": 0.2,
+    "direct_cache_seconds": 0.2,
+    "record_retry_seconds": 0.2,
+}
 MODEL_LINES = [f"model line {i:02d}" for i in range(24)]
 
 
@@ -51,7 +52,9 @@ class Env:
     kubeconfig: str
     aiohttp_client: Callable[..., Awaitable[Client]]
 
-    def config(self, *, watch: bool = True, **runs: Any) -> Config:
+    def config(
+        self, *, watch: bool = True, follow: dict[str, Any] | None = None, **runs: Any
+    ) -> Config:
         return make_config(
             self.oms.url,
             runs={"intercept": "mpi", **runs},
@@ -62,12 +65,13 @@ class Env:
                 "retry_backoff_seconds": 0.01,
                 "request_timeout_seconds": 3.0,
             },
+            follow={**FOLLOW, **(follow or {})},
         )
 
     async def proxy(self, config: Config | None = None) -> Client:
         from proxy.app import create_app
 
-        app = create_app(config or self.config(), tuning=TUNING)
+        app = create_app(config or self.config())
         return await self.aiohttp_client(app)
 
     async def submit(self, client: Client, np: int = 2, run_name: str = "test run") -> Any:
@@ -480,10 +484,9 @@ async def test_watch_relists_after_410_and_reconnects_after_a_lost_connection(
     caplog.set_level(logging.INFO, logger="proxy.follow.informer")
     _scenario(env.kube, log_lines=["x"], line_interval=0.01)
     env.kube.bookmark_interval = 1000.0  # no bookmark moves the watch's resourceVersion on
-    app_tuning = dataclasses.replace(TUNING, watch_timeout_seconds=1)
     from proxy.app import create_app
 
-    app = create_app(env.config(), tuning=app_tuning)
+    app = create_app(env.config(follow={"watch_timeout_seconds": 1}))
     client = await env.aiohttp_client(app)
     first = await env.submit(client)
     await UiPoller(client, first["RunStamp"]).run()

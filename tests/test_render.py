@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from proxy import names
-from proxy.config import Config, ConfigError, config_from_dict
+from proxy.config import Config, ConfigError
+from proxy.configload import config_from_dict
 from proxy.submit.decode import ModelInfo, RunRequest, parse_run_request
 from proxy.submit.render import (
     RenderedRun,

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.config import RunsConfig, config_from_dict
+from proxy.config import RunsConfig
+from proxy.configload import config_from_dict
 from proxy.stamps import (
     StampSource,
     clean_file_name,

@@ -17,6 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from standins.kube import (
     DEFAULT_LOG_LINES,
+    SCHEMA_CRD,
     FakeKube,
     Fault,
     Scenario,
@@ -1024,5 +1025,9 @@ def test_find_crd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMS_MPIJOB_PROXY_CRD", str(given))
     assert find_crd() == given
     monkeypatch.setenv("OMS_MPIJOB_PROXY_CRD", str(tmp_path / "absent.yaml"))
-    shared = find_crd()
-    assert shared is None or shared.name == "mpijob-crd.yaml"
+    with pytest.raises(FileNotFoundError, match=r"absent\.yaml"):
+        find_crd()
+    monkeypatch.delenv("OMS_MPIJOB_PROXY_CRD")
+    assert find_crd() == SCHEMA_CRD
+    assert SCHEMA_CRD.is_file()
+    assert SCHEMA_CRD.resolve().is_relative_to(Path(__file__).resolve().parents[1])

@@ -7,13 +7,13 @@ routes itself (:mod:`proxy.follow.handlers`) and passes everything else, includi
 it does not own, to oms unchanged.
 
 **The cache** (:class:`RunCache`, over the index :class:`proxy.follow.store.RunStore` that
-:func:`proxy.follow.informer.inform` feeds). With ``kubernetes.watch`` on, one list+watch of our MPIJobs
-and one of their pods (both selected by ``app.kubernetes.io/managed-by=oms-mpijob-proxy``, which
-the renderer also puts on both pod templates) keep a local copy of everything the answers need.
-A watch that fails is retried with exponential backoff (capped at 10 s); a 410 Gone re-lists at
-once. Until the first list arrived, and while reconnecting, lookups list directly instead (at
-most once a second, shared). With ``kubernetes.watch`` off, those direct lists are all there is.
-A deleted MPIJob stays as a *tombstone* for 10 minutes so that pollers see a final state.
+:func:`proxy.follow.informer.inform` feeds). With ``kubernetes.watch`` on, one list+watch of our
+MPIJobs and one of their pods (both selected by ``app.kubernetes.io/managed-by=oms-mpijob-proxy``,
+which the renderer also puts on both pod templates) keep a local copy of everything the answers
+need. A watch that fails is retried with exponential backoff (capped at 10 s); a 410 Gone re-lists
+at once. Until the first list arrived, and while reconnecting, lookups list directly instead (at
+most once a second, shared). With ``kubernetes.watch`` off, those direct lists are all there is. A
+deleted MPIJob stays as a *tombstone* for 10 minutes so that pollers see a final state.
 
 **API requests per run.** Pollers of a run share one launcher log read per
 ``kubernetes.log_cache_seconds`` (one read in flight per run; pollers get the cached log while
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -89,27 +88,6 @@ LOG_TAIL_LINES = 2000
 """Lines asked for when re-reading a launcher log; more new lines than this: a whole read."""
 
 
-@dataclasses.dataclass(frozen=True)
-class CacheTuning:
-    """Timings of :class:`RunCache` (the defaults suit production; tests shorten them)."""
-
-    settle_seconds: float = 2.0
-    """Events are shown once their timestamp is this much older than the list that had them."""
-    events_refresh_seconds: float = 5.0
-    """How often the Events are listed while some run waits to start."""
-    tombstone_seconds: float = 600.0
-    """How long a deleted MPIJob is still answered for (final state)."""
-    sweep_seconds: float = 30.0
-    """How often tombstones expire, start deadlines are recorded and finished jobs deleted."""
-    watch_timeout_seconds: int = 300
-    backoff_first_seconds: float = 0.5
-    backoff_max_seconds: float = 10.0
-    direct_cache_seconds: float = 1.0
-    """Without a synced watch: how long a direct list of MPIJobs and pods is reused."""
-    record_retry_seconds: float = 5.0
-    record_attempts: int = 5
-
-
 def _about_our_run(event: Obj, runs: Mapping[str, Any], prefixes: tuple[str, ...]) -> bool:
     """Whether an Event is about one of our MPIJobs or one of its pods."""
     involved = event.get("involvedObject") or {}
@@ -124,13 +102,12 @@ class RunCache(RunStore):
         self,
         kube: KubeClient,
         config: Config,
-        tuning: CacheTuning | None = None,
         *,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
-        self.tuning = tuning or CacheTuning()
+        self.tuning = config.follow
         self.clock = clock or (lambda: datetime.now(UTC))
         self.settings = ViewSettings(
             start_deadline_seconds=config.runs.start_deadline_seconds,

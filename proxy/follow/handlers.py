@@ -22,7 +22,7 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from proxy.follow.cache import RUN_CACHE, CacheTuning, RunCache
+from proxy.follow.cache import RUN_CACHE, RunCache
 from proxy.follow.omsshapes import (
     PagingError,
     log_page,
@@ -209,7 +209,7 @@ _HANDLERS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
 }
 
 
-def setup_lifecycle(app: web.Application, tuning: CacheTuning | None = None) -> None:
+def setup_lifecycle(app: web.Application) -> None:
     """Add the lifecycle routes and the run cache's start/stop to ``app``.
 
     Call it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
@@ -224,7 +224,7 @@ def setup_lifecycle(app: web.Application, tuning: CacheTuning | None = None) -> 
 
     async def run_cache(app: web.Application) -> AsyncIterator[None]:
         kube = app.get(KUBE)
-        cache = RunCache(kube, app[CONFIG], tuning) if kube is not None else None
+        cache = RunCache(kube, app[CONFIG]) if kube is not None else None
         app[RUN_CACHE] = cache
         if cache is not None:
             await cache.start()

@@ -1,8 +1,8 @@
 """One informer: list, then watch from the list's resourceVersion, for ever.
 
-A watch that fails is retried with exponential backoff (capped by the tuning); a 410 Gone
-re-lists at once; a watch that the server ends at once is not retried in a busy loop. While the
-watch is down, ``set_synced(False)`` tells the cache to read directly instead.
+A watch that fails is retried with exponential backoff (capped by ``follow.backoff_max_seconds``); a
+410 Gone re-lists at once; a watch that the server ends at once is not retried in a busy loop. While
+the watch is down, ``set_synced(False)`` tells the cache to read directly instead.
 """
 
 from __future__ import annotations
