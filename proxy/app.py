@@ -22,16 +22,26 @@ from aiohttp import web
 
 from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, install_log_filters
 from proxy.clients.kube import KUBE, KubeClient, load_api_client
+from proxy.clients.oms import OMS, OmsClient
 from proxy.config import Config
-from proxy.errors import BadRequest, Handler, ProxyError, error_response
+from proxy.errors import ERROR_KEY, BadRequest, Handler, ProxyError, error_middleware
 from proxy.follow.cache import RUN_CACHE
-from proxy.follow.handlers import setup_lifecycle
-from proxy.keys import CONFIG, METRICS, OMS_BASE, REQUEST_ID_KEY, SESSION, STATE
+from proxy.follow.handlers import (
+    handle_run_log,
+    handle_run_status,
+    handle_run_status_last,
+    handle_run_stop,
+    handle_service_job_active,
+    handle_service_state,
+    run_cache_context,
+)
+from proxy.keys import CONFIG, METRICS, REQUEST_ID_KEY, STATE
 from proxy.metrics import Metrics, submission_outcome
 from proxy.passthrough import headers as hdr
 from proxy.passthrough.client import Upstream
 from proxy.passthrough.forward import UPSTREAM, forward
 from proxy.routes import HEALTH_ROUTES, ROUTES
+from proxy.routes import bind as bind_routes
 from proxy.submit.handler import (
     INTERCEPTED,
     SUBMITTER,
@@ -76,31 +86,29 @@ def _request_id(incoming: str | None) -> str:
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Give every request an id, and map project errors to answers (errors.error_response)."""
+    """Give every request an id and count it (the errors are answered by error_middleware)."""
     request[REQUEST_ID_KEY] = _request_id(request.headers.get(hdr.REQUEST_ID))
     start = time.perf_counter()
     status = 500
-    error: ProxyError | None = None
     try:
-        if request.version.major != 1:  # aiohttp's parser takes "GET /x" (0.9) with headers
-            raise BadRequest("Unsupported HTTP version: HTTP/1.0 or HTTP/1.1 expected")
         response = await handler(request)
         status = response.status
-        return response
-    except ProxyError as err:
-        if err.status >= 500:  # str(err) is the log form (errors.KubeError)
-            _LOGGER.warning("%s %s -> %d: %s", request.method, request.path, err.status, err)
-        error, status = err, err.status
-        response = error_response(err)
-        response.headers[hdr.REQUEST_ID] = request[REQUEST_ID_KEY]
-        if not request.content.is_eof():
-            response.force_close()  # the rest of the body will not be read
+        if ERROR_KEY in request:
+            response.headers[hdr.REQUEST_ID] = request[REQUEST_ID_KEY]
         return response
     except web.HTTPException as e:
         status = e.status
         raise
     finally:
-        _count(request, status, time.perf_counter() - start, error)
+        _count(request, status, time.perf_counter() - start, request.get(ERROR_KEY))
+
+
+@web.middleware
+async def http1_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse anything but HTTP/1.x: aiohttp's parser takes "GET /x" (0.9) with headers."""
+    if request.version.major != 1:
+        raise BadRequest("Unsupported HTTP version: HTTP/1.0 or HTTP/1.1 expected")
+    return await handler(request)
 
 
 _ROUTE_CLASS = {r.name: r.route_class for r in ROUTES + HEALTH_ROUTES}
@@ -143,16 +151,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """oms answers (and, when runs are intercepted, the Kubernetes API)."""
     app = request.app
-    checks: dict[str, str] = {}
-    try:
-        async with app[SESSION].get(
-            app[OMS_BASE] + "/api/service/config",
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=5),
-        ) as resp:
-            checks["oms"] = "ok" if resp.status < 500 else f"oms answered {resp.status}"
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
-        checks["oms"] = f"unreachable: {type(e).__name__}"
+    checks: dict[str, str] = {"oms": await app[OMS].ready()}
     kube = app[KUBE]
     if kube is not None:
         try:
@@ -187,7 +186,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
         read_bufsize=config.server.read_chunk_bytes,
     )
-    app[SESSION] = session
+    app[OMS] = oms = OmsClient(session, config.oms.url)
     upstream = Upstream(
         config.oms.url,
         connect_timeout=config.oms.connect_timeout_seconds,
@@ -212,8 +211,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
             config=config,
             template=app[TEMPLATE],
             kube=kube,
-            session=session,
-            oms_base=app[OMS_BASE],
+            oms=oms,
             on_created=lambda job: _note_created(app, job),
         )
         app[SUBMITTER] = submitter
@@ -277,21 +275,47 @@ async def _freeze_gc(app: web.Application) -> None:
 def create_app(config: Config) -> web.Application:
     """Build the proxy application for ``config``."""
     install_log_filters()
-    app = web.Application(middlewares=[request_context], client_max_size=config.runs.max_body_bytes)
+    app = web.Application(
+        middlewares=[request_context, error_middleware, http1_only],
+        client_max_size=config.runs.max_body_bytes,
+    )
     app[CONFIG] = config
     app[METRICS] = metrics = Metrics()
     metrics.phases.source = lambda: _phase_counts(app)
-    app[OMS_BASE] = config.oms.url.rstrip("/")
     app[STATE] = {}
     if config.runs.intercept != "none":
         app[TEMPLATE] = load_template(config.template_path())
     app.cleanup_ctx.append(_clients)
-    app.on_startup.append(_freeze_gc)
-    app.router.add_get("/healthz", healthz, allow_head=True, name="healthz")
-    app.router.add_get("/readyz", readyz, allow_head=True, name="readyz")
-    app.router.add_get("/metrics", metrics_handler, name="metrics")
-    app.router.add_post("/api/run", handle_submit, name="run_submit")
     if config.runs.intercept != "none":
-        setup_lifecycle(app)
-    app.router.add_route("*", r"/{tail:[\s\S]*}", passthrough)  # any path, %0A included
+        app.cleanup_ctx.append(run_cache_context)  # after _clients: it needs app[KUBE]
+    else:
+        app[RUN_CACHE] = None
+    app.on_startup.append(_freeze_gc)
+    _bind_routes(app)
     return app
+
+
+def _bind_routes(app: web.Application) -> None:
+    """Every route the proxy answers itself and its handler, in one table; the rest to oms.
+
+    :func:`proxy.routes.bind` refuses a route of ``routes.ROUTES`` without a handler here (and a
+    handler without a route), so the app cannot start with a gap. The follow handlers pass a
+    stamp they do not know (and everything, with runs not intercepted) on to oms.
+    """
+    bind_routes(
+        app.router,
+        {
+            "run_submit": handle_submit,
+            "run_log": handle_run_log,
+            "run_stop": handle_run_stop,
+            "run_status": handle_run_status,
+            "run_status_list": handle_run_status,
+            "run_status_last": handle_run_status_last,
+            "service_state": handle_service_state,
+            "service_job_active": handle_service_job_active,
+            "healthz": healthz,
+            "readyz": readyz,
+            "metrics": metrics_handler,
+        },
+    )
+    app.router.add_route("*", r"/{tail:[\s\S]*}", passthrough)  # any path, %0A included

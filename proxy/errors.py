@@ -208,15 +208,23 @@ def error_response(err: ProxyError) -> web.Response:
     )
 
 
+ERROR_KEY: web.RequestKey[ProxyError] = web.RequestKey("error", ProxyError)
+"""The error a request was answered with (for the metrics and the request-id middleware)."""
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn :class:`ProxyError` into its answer; log anything else as a bug (500)."""
     try:
         return await handler(request)
     except ProxyError as err:
-        if err.status >= 500:
+        if err.status >= 500:  # str(err) is the log form (KubeError adds the API's answer)
             _LOGGER.warning("%s %s -> %d: %s", request.method, request.path, err.status, err)
-        return error_response(err)
+        request[ERROR_KEY] = err
+        response = error_response(err)
+        if not request.content.is_eof():
+            response.force_close()  # the rest of the body will not be read
+        return response
     except web.HTTPException:
         raise
     except Exception:

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,31 @@ HEALTH_ROUTES: tuple[Route, ...] = (
     Route("readyz", "GET", "/readyz", "^/readyz$", "health", "oms and Kubernetes API reachable."),
     Route("metrics", "GET", "/metrics", "^/metrics$", "health", "Prometheus metrics."),
 )
+
+
+_HEAD_TOO = frozenset({"healthz", "readyz"})
+"""Routes that answer HEAD as well (probes may use it)."""
+
+
+def bind(router: web.UrlDispatcher, handlers: Mapping[str, Handler]) -> None:
+    """Bind every route of :data:`ROUTES` and :data:`HEALTH_ROUTES` to its handler, by name.
+
+    A route without a handler, or a handler without a route, stops start-up (``RuntimeError``
+    naming them): the list that the CLI prints and the Istio overlay copies is exactly what
+    the app answers.
+    """
+    routes = ROUTES + HEALTH_ROUTES
+    missing = [r.name for r in routes if r.name not in handlers]
+    unknown = sorted(set(handlers) - {r.name for r in routes})
+    if missing or unknown:
+        raise RuntimeError(
+            f"routes without a handler: {missing}; handlers without a route: {unknown}"
+        )
+    for r in routes:
+        if r.name in _HEAD_TOO:
+            router.add_get(r.path, handlers[r.name], allow_head=True, name=r.name)
+        else:
+            router.add_route(r.method, r.path, handlers[r.name], name=r.name)
 
 
 def print_routes(fmt: str) -> int:

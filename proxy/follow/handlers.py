@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -38,7 +38,6 @@ from proxy.follow.view import (
 from proxy.keys import CONFIG, request_id
 from proxy.passthrough import headers as hdr
 from proxy.passthrough.forward import forward
-from proxy.routes import ROUTES
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -198,40 +197,18 @@ async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
     )
 
 
-_HANDLERS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
-    "run_log": handle_run_log,
-    "run_stop": handle_run_stop,
-    "run_status": handle_run_status,
-    "run_status_list": handle_run_status,
-    "run_status_last": handle_run_status_last,
-    "service_state": handle_service_state,
-    "service_job_active": handle_service_job_active,
-}
+async def run_cache_context(app: web.Application) -> AsyncIterator[None]:
+    """``cleanup_ctx``: the run cache (when there is a Kubernetes client), started and stopped.
 
-
-def setup_lifecycle(app: web.Application) -> None:
-    """Add the lifecycle routes and the run cache's start/stop to ``app``.
-
-    Call it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
-    Calling it again does nothing.
+    Append it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
     """
-    if "run_log" in app.router.named_resources():
-        return
-    for route in ROUTES:
-        handler = _HANDLERS.get(route.name)
-        if handler is not None:
-            app.router.add_route(route.method, route.path, handler, name=route.name)
-
-    async def run_cache(app: web.Application) -> AsyncIterator[None]:
-        kube = app.get(KUBE)
-        cache = RunCache(kube, app[CONFIG]) if kube is not None else None
-        app[RUN_CACHE] = cache
+    kube = app.get(KUBE)
+    cache = RunCache(kube, app[CONFIG]) if kube is not None else None
+    app[RUN_CACHE] = cache
+    if cache is not None:
+        await cache.start()
+    try:
+        yield
+    finally:
         if cache is not None:
-            await cache.start()
-        try:
-            yield
-        finally:
-            if cache is not None:
-                await cache.close()
-
-    app.cleanup_ctx.append(run_cache)
+            await cache.close()

@@ -32,20 +32,6 @@ UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream", Upstream)
 """The pass-through's own pooled client to oms (passthrough.client), used by :func:`forward`."""
 
 
-def upstream_url(base: str, request: web.BaseRequest) -> URL:
-    """oms URL for this request, with the path and query exactly as the client encoded them.
-
-    ``base`` is oms's URL without a trailing slash. ``raw_path`` is the request target as sent;
-    an absolute-form target (``http://elsewhere/x``) is reduced to its path so the proxy only
-    ever talks to the configured oms.
-    """
-    raw = request.raw_path
-    if not raw.startswith("/"):
-        path = URL(raw).raw_path_qs
-        raw = path if path.startswith("/") else "/" + path  # "//x" stays "//x", as sent
-    return URL(base + raw, encoded=True)
-
-
 def upstream_target(request: web.BaseRequest) -> str:
     """The request target for oms: the path and query exactly as the client encoded them.
 
@@ -59,6 +45,11 @@ def upstream_target(request: web.BaseRequest) -> str:
     if "#" in raw:
         raw = raw.partition("#")[0]
     return raw
+
+
+def upstream_url(base: str, request: web.BaseRequest) -> URL:
+    """oms's URL for this request: ``base`` (oms's URL without a trailing slash) + the target."""
+    return URL(base + upstream_target(request), encoded=True)
 
 
 def oms_request_headers(request: web.Request, content_length: int | None) -> CIMultiDict[str]:

@@ -18,13 +18,12 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
-import aiohttp
 from aiohttp import web
 
 from proxy import keys, names
 from proxy.clients.kube import KubeClient
+from proxy.clients.oms import OmsClient
 from proxy.config import Config
 from proxy.errors import (
     BadRequest,
@@ -38,7 +37,6 @@ from proxy.errors import (
     ProxyError,
     TooManyRequests,
     UnsupportedMediaType,
-    UpstreamTimeout,
     UpstreamUnavailable,
 )
 from proxy.keys import request_id
@@ -81,8 +79,7 @@ class Submitter:
     config: Config
     template: Template
     kube: KubeClient
-    session: aiohttp.ClientSession
-    oms_base: str
+    oms: OmsClient
     stamps: StampSource = dataclasses.field(default_factory=StampSource)
     in_flight: int = 0
     _models: dict[str, tuple[float, ModelInfo]] = dataclasses.field(default_factory=dict)
@@ -101,18 +98,11 @@ class Submitter:
             return cached[1]
         headers = {h: request.headers[h] for h in _AUTH_HEADERS if h in request.headers}
         headers["X-Request-ID"] = request_id(request)
-        url = f"{self.oms_base}/api/model/{_quote_segment(dn)}"
-        try:
-            async with self.session.get(url, headers=headers, allow_redirects=False) as resp:
-                if resp.status in (400, 404):
-                    raise BadRequest(f"Model not found: {dn}")
-                if resp.status != 200:
-                    raise UpstreamUnavailable(f"oms answered {resp.status} to the model lookup")
-                doc = await resp.json(content_type=None)
-        except TimeoutError as e:
-            raise UpstreamTimeout("oms did not answer the model lookup in time") from e
-        except (aiohttp.ClientError, ValueError) as e:
-            raise UpstreamUnavailable(f"oms model lookup failed: {type(e).__name__}") from e
+        status, doc = await self.oms.model(dn, headers)
+        if status in (400, 404):
+            raise BadRequest(f"Model not found: {dn}")
+        if status != 200:
+            raise UpstreamUnavailable(f"oms answered {status} to the model lookup")
         model_doc = doc.get("Model") if isinstance(doc, dict) else None
         if not isinstance(model_doc, dict) or not model_doc.get("Name"):
             raise UpstreamUnavailable("oms answered the model lookup without a model")
@@ -207,10 +197,6 @@ class Submitter:
 
 SUBMITTER: web.AppKey[Submitter | None] = web.AppKey("submitter")
 TEMPLATE: web.AppKey[Template] = web.AppKey("template")
-
-
-def _quote_segment(s: str) -> str:
-    return quote(s, safe="")
 
 
 def _owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
