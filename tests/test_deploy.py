@@ -583,6 +583,7 @@ def test_base_objects(base: list[Obj]) -> None:
         [
             ("ConfigMap", f"{PROXY_NAME}"),
             ("Deployment", PROXY_NAME),
+            ("HorizontalPodAutoscaler", PROXY_NAME),
             ("NetworkPolicy", PROXY_NAME),
             ("PodDisruptionBudget", PROXY_NAME),
             ("Role", PROXY_NAME),
@@ -813,7 +814,7 @@ def test_deployment(base: list[Obj], tmp_path: Path) -> None:
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
     container = _proxy_container(pod)
-    assert spec["replicas"] == 2
+    assert "replicas" not in spec, "the HorizontalPodAutoscaler owns the replica count"
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
 
     psc = pod["securityContext"]
@@ -853,6 +854,36 @@ def test_service_and_pdb(base: list[Obj], tmp_path: Path) -> None:
     pdb = one(base, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def _cpu_millis(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def test_autoscaler(base: list[Obj]) -> None:
+    deployment = one(base, "Deployment")
+    hpa = one(base, "HorizontalPodAutoscaler")
+    pdb = one(base, "PodDisruptionBudget")
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert spec["minReplicas"] >= 2, "a rolling update or a drain keeps one replica serving"
+    assert spec["minReplicas"] > pdb["spec"]["minAvailable"], "else a drain could never evict"
+    assert spec["maxReplicas"] > spec["minReplicas"]
+    (metric,) = spec["metrics"]
+    assert metric["type"] == "Resource"
+    assert metric["resource"]["name"] == "cpu"
+    target = metric["resource"]["target"]
+    assert target["type"] == "Utilization", "relative to the container's CPU request"
+    resources = _proxy_container(deployment["spec"]["template"]["spec"])["resources"]
+    request = _cpu_millis(resources["requests"]["cpu"])
+    limit = _cpu_millis(resources["limits"]["cpu"])
+    assert request * target["averageUtilization"] / 100 < limit / 2, (
+        "scale out well before a replica reaches its CPU limit (throttling)"
+    )
 
 
 def _egress_summary(policy: Obj) -> set[tuple[str, str, int]]:
