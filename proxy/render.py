@@ -145,10 +145,11 @@ def render(
     memory = slots * parse_quantity(mj.memory_per_process)
 
     job = copy.deepcopy(template.manifest)
-    job["metadata"] = _metadata(job.get("metadata"), name, namespace, labels, annotations)
+    job_labels = dict(labels)
     if mj.queue_name:
         # Kueue reads the queue from the job's own labels only (not the pod templates').
-        job["metadata"]["labels"][names.KUEUE_QUEUE_NAME_KEY] = mj.queue_name
+        job_labels[names.KUEUE_QUEUE_NAME_KEY] = mj.queue_name
+    job["metadata"] = _metadata(job.get("metadata"), name, namespace, job_labels, annotations)
     spec = _first(job, "spec", slotsPerWorker=slots)
     policy = _obj(spec, "runPolicy")
     policy["cleanPodPolicy"] = mj.clean_pod_policy
