@@ -51,12 +51,13 @@ _ISTIO_HEADER = f"""\
 # Route the proxy's own routes to the proxy, everything else straight to oms.
 #
 # GENERATED from proxy/routes.py ROUTES by `oms-mpijob-proxy routes --format istio`; do not
-# edit (tests/test_deploy.py checks it). Istio matches `regex` (RE2) against the whole path
+# edit (tests/test_frontdoors.py checks it). Istio matches `regex` (RE2) against the whole path
 # without the query string; the first matching entry wins, so the catch-all comes last.
 #
-# Replace `hosts` with the name your users reach OpenM++ at, and `gateways` with your ingress
-# gateway (Kubeflow's is kubeflow/kubeflow-gateway). If oms is published under a path prefix,
-# put the prefix in front of every regex and add a `rewrite` to both destinations.
+# Set the name your users reach OpenM++ at (`hosts`) and your ingress gateway (`gateways`;
+# Kubeflow's is kubeflow/kubeflow-gateway) with a patch in a kustomization of your own on top
+# of this overlay (README). If oms is published under a path prefix, every regex needs the
+# prefix and both destinations a `rewrite`.
 #
 # The proxy's routes, in order:
 {"".join(f"#   {_summary(r)}{chr(10)}" for r in ROUTES)}"""
@@ -93,7 +94,7 @@ _NGINX_HEADER = """\
 # else (the UI, downloads, uploads) straight to oms.
 #
 # GENERATED from proxy/routes.py ROUTES by `oms-mpijob-proxy routes --format ingress-nginx`; do
-# not edit (tests/test_deploy.py checks it).
+# not edit (tests/test_frontdoors.py checks it).
 #
 # How ingress-nginx matches (its "Ingress Path Matching" guide): with use-regex on ANY Ingress
 # of a host, every path of that host becomes a case-insensitive regex location
@@ -102,8 +103,9 @@ _NGINX_HEADER = """\
 # shortest, so it catches the rest. An Ingress cannot match the method: every method on a proxy
 # path goes to the proxy, which passes what it does not answer (e.g. GET /api/run) to oms.
 #
-# Replace `host` with the name your users reach OpenM++ at (and add your `tls`). Remove any
-# other Ingress that routes this host to oms. The annotations are per Ingress:
+# Set the name your users reach OpenM++ at (`host`) and your `tls` with a patch in a
+# kustomization of your own on top of this overlay (README). Remove any other Ingress that
+# routes this host to oms. The annotations are per Ingress:
 #   proxy-body-size "0"            no size limit at the ingress: oms's uploads are large; the
 #                                  proxy limits a run request itself (runs.max_body_bytes, 413)
 #   proxy-read/send-timeout        seconds between two reads/writes: 620 for the proxy (more
@@ -195,20 +197,21 @@ _GATEWAY_HEADER = """\
 # A Gateway API HTTPRoute: the proxy's own routes to the proxy, everything else straight to oms.
 #
 # GENERATED from proxy/routes.py ROUTES by `oms-mpijob-proxy routes --format gateway-api`; do
-# not edit (tests/test_deploy.py checks it).
+# not edit (tests/test_frontdoors.py checks it).
 #
 # Every path match is a RegularExpression (Support: Implementation-specific), the catch-all to
-# oms included, and every proxy rule also matches the method (Support: Extended, conformance
-# feature HTTPRouteMethodMatching). Why regexes throughout: the precedence of RegularExpression
-# matches against Exact/PathPrefix ones is implementation-specific (Istio ranks every PathPrefix,
-# `/` included, above every regex), so a `PathPrefix: /` catch-all would take the status routes
-# from the proxy on some implementations. With regexes only, the proxy's rules win whether an
-# implementation orders regex matches by rule order or by descending length (the oms rule is
-# last and shortest). The oms rule's `timeouts.request: 0s` (Extended) lets long downloads and
-# uploads run.
+# oms included, and every match of the proxy's rule also matches the method (Support: Extended,
+# conformance feature HTTPRouteMethodMatching). Why regexes throughout: the precedence of
+# RegularExpression matches against Exact/PathPrefix ones is implementation-specific (Istio
+# ranks every PathPrefix, `/` included, above every regex), so a `PathPrefix: /` catch-all would
+# take the status routes from the proxy on some implementations. With regexes only, the proxy's
+# matches win whether an implementation orders regex matches by rule order or by descending
+# length (the oms rule is last and shortest). The oms rule's `timeouts.request: 0s` (Extended)
+# lets long downloads and uploads run.
 #
-# Replace `parentRefs` with your Gateway and `hostnames` with the name your users reach
-# OpenM++ at. Remove any other HTTPRoute that routes this host to oms.
+# Set your Gateway (`parentRefs`) and the name your users reach OpenM++ at (`hostnames`) with a
+# patch in a kustomization of your own on top of this overlay (README). Remove any other
+# HTTPRoute that routes this host to oms.
 """
 
 # The oms rule's regex: matches every path, and is shorter than every proxy regex.
@@ -216,23 +219,22 @@ OMS_CATCH_ALL = "/.*"
 
 
 def http_route() -> Obj:
-    """The HTTPRoute: per route a method + RegularExpression rule, then oms."""
+    """The HTTPRoute: a rule matching each route by method + RegularExpression, then oms."""
+    # One rule for the proxy (its matches are ORed; a rule may have 64, a route 16 rules).
     rules: list[Obj] = [
         {
             "matches": [
                 {"path": {"type": "RegularExpression", "value": r.regex}, "method": r.method}
+                for r in ROUTES
             ],
             "backendRefs": [{"name": PROXY_SERVICE, "port": PROXY_PORT}],
-        }
-        for r in ROUTES
-    ]
-    rules.append(
+        },
         {
             "matches": [{"path": {"type": "RegularExpression", "value": OMS_CATCH_ALL}}],
             "backendRefs": [{"name": OMS_SERVICE, "port": OMS_PORT}],
             "timeouts": {"request": "0s"},
-        }
-    )
+        },
+    ]
     return {
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "HTTPRoute",

@@ -81,6 +81,7 @@ def istio_backend(objs: list[Obj], method: str, path: str) -> str:
     compares the method; an entry without ``match`` matches everything.
     """
     (vs,) = [o for o in objs if o["kind"] == "VirtualService"]
+    path = path.partition("?")[0]
     for http in vs["spec"]["http"]:
         for match in http.get("match") or [{}]:
             assert set(match) <= {"method", "uri", "name"}, match
@@ -100,6 +101,7 @@ def nginx_backend(objs: list[Obj], method: str, path: str, host: str = frontdoor
     descending path length and the first that matches wins. The method plays no part.
     """
     del method  # an Ingress cannot match it
+    path = path.partition("?")[0]  # nginx matches locations against $uri, without the query
     ingresses = [
         o for o in objs if o["kind"] == "Ingress" and o["spec"].get("ingressClassName") == "nginx"
     ]
@@ -157,6 +159,7 @@ def gateway_backend(
     (``mode``: the whole path, or a search) is evaluated.
     """
     candidates: list[tuple[tuple[Any, ...], str]] = []
+    path = path.partition("?")[0]  # path matches never see the query string
     routes = [o for o in objs if o["kind"] == "HTTPRoute"]
     routes.sort(
         key=lambda r: (
@@ -230,7 +233,7 @@ ROUTE_SAMPLES = {
     "run_status": [f"/api/model/RiskPaths/run/{STAMP}/status"],
     "run_status_list": [f"/api/model/{DIGEST}/run/{STAMP}/status/list"],
     "run_status_last": [f"/api/model/{DIGEST}/run/status/last"],
-    "service_state": ["/api/service/state"],
+    "service_state": ["/api/service/state", "/api/service/state?lang=EN"],
     "service_job_active": [f"/api/service/job/active/{STAMP}"],
 }
 
@@ -409,14 +412,18 @@ def test_nginx_annotations() -> None:
 def test_gateway_route_shape() -> None:
     objs = deploy.kustomize_build(DOORS["gateway-api"])
     (route,) = [o for o in objs if o["kind"] == "HTTPRoute"]
-    *proxy_rules, oms_rule = route["spec"]["rules"]
-    assert [(r["matches"][0]["method"], r["matches"][0]["path"]["value"]) for r in proxy_rules] == [
+    proxy_rule, oms_rule = route["spec"]["rules"]
+    assert proxy_rule["backendRefs"] == [{"name": deploy.PROXY_NAME, "port": 80}]
+    matches = proxy_rule["matches"]
+    assert [(m["method"], m["path"]["value"]) for m in matches] == [
         (r.method, r.regex) for r in ROUTES
     ]
+    assert {m["path"]["type"] for m in matches} == {"RegularExpression"}
+    assert oms_rule["backendRefs"] == [{"name": "oms", "port": 4040}]
     assert oms_rule["timeouts"] == {"request": "0s"}, "downloads must not be cut"
     assert all(len(oms_rule["matches"][0]["path"]["value"]) < len(r.regex) for r in ROUTES)
     published = {r.regex for r in HEALTH_ROUTES}
-    assert not published & {r["matches"][0]["path"]["value"] for r in proxy_rules}
+    assert not published & {m["path"]["value"] for m in matches}
 
 
 @pytest.mark.parametrize(
