@@ -1,8 +1,8 @@
 """The repository stands alone: a copy with nothing beside it passes the CRD-dependent tests.
 
 The copy holds exactly the files git would clone (tracked, plus new files not ignored) in a folder
-that has no siblings, so no path that leaves the repository (a sibling reference folder or any other) can be
-satisfied. A fresh clone in CI is checked the same way by ``.ci/run``.
+that has no siblings, so no path that leaves the repository (a sibling reference folder or any
+other) can be satisfied. A fresh clone in CI is checked the same way by ``.ci/run``.
 """
 
 from __future__ import annotations
