@@ -21,8 +21,9 @@ demo: venv
 test: venv lint typecheck pytest
 
 lint: venv
-	$(VENV)/bin/ruff format --check proxy tests bench tools
-	$(VENV)/bin/ruff check proxy tests bench tools
+	$(VENV)/bin/ruff format --check proxy standins tests bench tools
+	$(VENV)/bin/ruff check proxy standins tests bench tools
+	$(VENV)/bin/lint-imports
 	@if [ -f Dockerfile ]; then $(VENV)/bin/hadolint Dockerfile; fi
 
 typecheck: venv

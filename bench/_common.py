@@ -6,8 +6,8 @@ itself after ``max_seconds``. Every client loop is bounded in bytes or time, eve
 deadline.
 
 Servers (each a separate process):
-  - :func:`start_oms` — the stand-in oms (``python -m proxy.standins.serve_oms``);
-  - :func:`start_kube` — the stand-in Kubernetes API (``python -m proxy.standins.serve_kube``);
+  - :func:`start_oms` — the stand-in oms (``python -m standins.serve_oms``);
+  - :func:`start_kube` — the stand-in Kubernetes API (``python -m standins.serve_kube``);
   - :func:`start_proxy` — the proxy (``python -m proxy serve``) with a temporary config;
   - :func:`start_nginx` — nginx as a reference reverse proxy, when it is installed.
 
@@ -186,7 +186,7 @@ def start_oms(workdir: Path, max_seconds: float = 1800.0) -> Server:
         [
             sys.executable,
             "-m",
-            "proxy.standins.serve_oms",
+            "standins.serve_oms",
             "--host",
             LOOPBACK,
             "--port",
@@ -219,13 +219,13 @@ def start_kube(
     name: str = "kube",
     max_seconds: float = 1800.0,
 ) -> tuple[Server, Path]:
-    """The stand-in Kubernetes API (``python -m proxy.standins.serve_kube``) in its own process.
+    """The stand-in Kubernetes API (``python -m standins.serve_kube``) in its own process.
 
     ``options`` are more flags for it (scenario, validation...). Returns the server and the
     kubeconfig it wrote (in ``workdir``) for a proxy to use.
     """
     kubeconfig = workdir / f"{name}-kubeconfig.yaml"
-    argv = [sys.executable, "-m", "proxy.standins.serve_kube", "--host", LOOPBACK, "--port", "0"]
+    argv = [sys.executable, "-m", "standins.serve_kube", "--host", LOOPBACK, "--port", "0"]
     argv += ["--max-seconds", str(max_seconds), "--kubeconfig", str(kubeconfig), *options]
     server = _spawn(name, argv, workdir, subprocess.PIPE)
     server.url = _announced_url(server, "stand-in Kubernetes API", 30)

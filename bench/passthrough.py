@@ -35,7 +35,7 @@ from pathlib import Path
 
 import _common as c  # the sibling module (this script's directory is on sys.path)
 
-from proxy.standins.oms import pattern_sha256
+from standins.oms import pattern_sha256
 
 # Targets from the issue.
 ADDED_P50_MS = 0.25

@@ -33,9 +33,9 @@ import aiohttp
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.config import config_from_dict
-from proxy.standins.kube import FakeKube, Scenario, find_crd, serve, write_kubeconfig
-from proxy.standins.oms import FakeOms
+from proxy.configload import config_from_dict
+from standins.kube import FakeKube, Scenario, find_crd, serve, write_kubeconfig
+from standins.oms import FakeOms
 
 TARGET_REQUESTS_PER_JOB_SECOND = 1.0
 TARGET_P99_MS = 20.0

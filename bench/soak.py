@@ -3,7 +3,7 @@
     .venv/bin/python bench/soak.py                    # 3 minutes, 100 clients
     .venv/bin/python bench/soak.py --duration 45      # shorter (runs then take 2-11 s)
 
-The stand-in oms, the stand-in Kubernetes API (``python -m proxy.standins.serve_kube``: CRD
+The stand-in oms, the stand-in Kubernetes API (``python -m standins.serve_kube``: CRD
 validation on, a simulated operator running each MPIJob for ``--run-seconds``) and the proxy
 (``python -m proxy serve``, intercept mpi, WARNING logs, with the lifecycle routes that answer
 the UI's polling for launched runs) each run in a process of their own, on loopback. The clients
@@ -49,7 +49,7 @@ from typing import Any
 import _common as c  # the sibling module (this script's directory is on sys.path)
 import aiohttp
 
-from proxy.standins.oms import pattern_sha256
+from standins.oms import pattern_sha256
 
 REQUEST = c.REPO / "tests" / "requests" / "ui-mpi.json"
 TEMPLATE = c.REPO / "proxy" / "data" / "mpijob-template.yaml"

@@ -4,7 +4,7 @@
     .venv/bin/python bench/submit.py -n 200       # fewer
     .venv/bin/python bench/submit.py --validation both
 
-The stand-in oms, the stand-in Kubernetes API (``python -m proxy.standins.serve_kube``, CRD
+The stand-in oms, the stand-in Kubernetes API (``python -m standins.serve_kube``, CRD
 schema validation on as a real API server does it, simulated operator off by default), the
 proxy (``python -m proxy serve``, intercept mpi, WARNING logs) and the client (aiohttp) each run
 in a process of their own, all on loopback. Every submission is the OpenM++ UI's MPI request
@@ -56,10 +56,11 @@ from typing import Any
 import _common as c  # the sibling module (this script's directory is on sys.path)
 import aiohttp
 
-from proxy.config import config_from_dict
-from proxy.render import Stamps, render
-from proxy.runrequest import ModelInfo, parse_run_request, validate_run
-from proxy.template import load_template
+from proxy.configload import config_from_dict
+from proxy.submit.decode import ModelInfo, parse_run_request
+from proxy.submit.render import Stamps, render
+from proxy.submit.template import load_template
+from proxy.submit.validate import validate_run
 
 REQUEST = c.REPO / "tests" / "requests" / "ui-mpi.json"
 TEMPLATE = c.REPO / "proxy" / "data" / "mpijob-template.yaml"

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 
-from proxy.passthrough import REQUEST_ID_KEY
+from proxy.keys import REQUEST_ID_KEY
 
 QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 

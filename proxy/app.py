@@ -1,9 +1,9 @@
 """The application factory: routes, typed app keys, and the lifecycle of the shared clients.
 
 ``cleanup_ctx`` owns the clients, which live as long as the app: the pass-through's pooled
-client to oms (:class:`proxy.upstream.Upstream`), one aiohttp ``ClientSession`` to oms for the
-proxy's own calls (model lookups, ``/readyz``, run state) and, when runs are intercepted, one
-kubernetes_asyncio ``ApiClient``.
+client to oms (:class:`proxy.passthrough.client.Upstream`), one aiohttp ``ClientSession`` to oms
+for the proxy's own calls (model lookups, ``/readyz``, run state) and, when runs are intercepted,
+one kubernetes_asyncio ``ApiClient``.
 """
 
 from __future__ import annotations
@@ -20,30 +20,27 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy import headers as hdr
 from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, install_log_filters
+from proxy.clients.kube import KUBE, KubeClient, load_api_client
 from proxy.config import Config
 from proxy.errors import BadRequest, Handler, ProxyError, error_response
-from proxy.k8s import KubeClient, load_api_client
-from proxy.keys import (
-    CONFIG,
-    KUBE,
-    METRICS,
-    OMS_BASE,
-    RUN_CACHE,
-    SESSION,
-    STATE,
+from proxy.follow.cache import RUN_CACHE
+from proxy.follow.handlers import setup_lifecycle
+from proxy.keys import CONFIG, METRICS, OMS_BASE, REQUEST_ID_KEY, SESSION, STATE
+from proxy.metrics import Metrics, submission_outcome
+from proxy.passthrough import headers as hdr
+from proxy.passthrough.client import Upstream
+from proxy.passthrough.forward import UPSTREAM, forward
+from proxy.routes import HEALTH_ROUTES, ROUTES
+from proxy.submit.handler import (
+    INTERCEPTED,
     SUBMITTER,
     TEMPLATE,
-    UPSTREAM,
+    Submitter,
+    dry_run,
+    handle_submit,
 )
-from proxy.lifecycle import setup_lifecycle
-from proxy.metrics import Metrics, submission_outcome
-from proxy.passthrough import REQUEST_ID_KEY, forward
-from proxy.routes import HEALTH_ROUTES, ROUTES
-from proxy.runs import INTERCEPTED, Submitter, dry_run, handle_submit
-from proxy.template import load_template
-from proxy.upstream import Upstream
+from proxy.submit.template import load_template
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -217,6 +214,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
             kube=kube,
             session=session,
             oms_base=app[OMS_BASE],
+            on_created=lambda job: _note_created(app, job),
         )
         app[SUBMITTER] = submitter
         if config.kubernetes.dry_run_on_start:
@@ -234,6 +232,17 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
         await session.close()
         if kube is not None:
             await kube.close()
+
+
+def _note_created(app: web.Application, job: dict[str, Any]) -> None:
+    """Let the run cache know an MPIJob the submit path just created.
+
+    Pollers that ask right after ``POST /api/run`` then find the run even before the watch
+    event arrives (otherwise they are passed to oms, which answers an empty page).
+    """
+    cache = app.get(RUN_CACHE)
+    if cache is not None:
+        cache.note_created(job)
 
 
 async def _start_up_dry_run(app: web.Application, submitter: Submitter) -> None:

@@ -8,7 +8,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from proxy.config import Config, ConfigError, Overrides, load_config
+from proxy.config import Config, ConfigError
+from proxy.configload import Overrides, load_config
 
 _LOGGER = logging.getLogger("proxy")
 
@@ -106,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> Config:
     """Load the config and the MPIJob template it names; either raises ConfigError."""
-    from proxy.template import load_template
+    from proxy.submit.template import load_template
 
     config = load_config(args.config)
     if config.runs.intercept != "none":
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return render_command(args.config, args.request)
         if args.command == "demo":
-            from proxy.demo import run_demo
+            from standins.demo import run_demo
 
             return run_demo(serve=args.serve, port=args.port)
     except ConfigError as e:

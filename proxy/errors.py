@@ -3,7 +3,7 @@
 Every error a handler can meet is a :class:`ProxyError` with an HTTP ``status``; the
 :func:`error_middleware` is the only code that maps them to responses. Kubernetes failures are
 classified here too (by HTTP status and the ``Status.reason`` of the body, see
-:mod:`proxy.k8s`), so the status table in the README is this module's class list.
+:mod:`proxy.clients.kube`), so the status table in the README is this module's class list.
 
 Answers are plain text ending in a newline, like oms's ``http.Error``.
 """

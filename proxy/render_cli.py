@@ -10,17 +10,13 @@ from pathlib import Path
 
 import yaml
 
-from proxy.config import ConfigError, load_config
-from proxy.render import RenderError, Stamps, render
-from proxy.runrequest import (
-    ModelInfo,
-    RunRequestError,
-    choose_run_stamp,
-    parse_run_request,
-    validate_run,
-)
+from proxy.config import ConfigError
+from proxy.configload import load_config
 from proxy.stamps import StampSource, local_now
-from proxy.template import load_template
+from proxy.submit.decode import ModelInfo, RunRequestError, parse_run_request
+from proxy.submit.render import RenderError, Stamps, render
+from proxy.submit.template import load_template
+from proxy.submit.validate import choose_run_stamp, validate_run
 
 
 def render_command(config_path: str | None, request_path: str) -> int:

@@ -12,8 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app, server_options
-from proxy.config import Config, config_from_dict
-from proxy.standins.oms import FakeOms
+from proxy.config import Config
+from proxy.configload import config_from_dict
+from standins.oms import FakeOms
 
 # --- the two tiers ---
 # tests/e2e needs a real control plane (`make e2e`): it is collected only when named on the
@@ -100,8 +101,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 
 @pytest.fixture
 def fake_kube() -> Any:
-    """A stand-in Kubernetes API (proxy.standins.kube.FakeKube) validating against the CRD."""
-    from proxy.standins.kube import FakeKube, find_crd
+    """A stand-in Kubernetes API (standins.kube.FakeKube) validating against the CRD."""
+    from standins.kube import FakeKube, find_crd
 
     return FakeKube(crd_schema_path=find_crd())
 
@@ -112,7 +113,7 @@ KubeconfigFor = Callable[..., Awaitable[Any]]
 @pytest.fixture
 async def kubeconfig_for(tmp_path: Any) -> AsyncIterator[KubeconfigFor]:
     """``await kubeconfig_for(kube, token=None)``: serve ``kube`` once, return a kubeconfig Path."""
-    from proxy.standins.kube import FakeKube, serve, write_kubeconfig
+    from standins.kube import FakeKube, serve, write_kubeconfig
 
     runners: dict[int, tuple[web.AppRunner, str]] = {}
     written = 0
@@ -172,8 +173,8 @@ PROXY_CALLS: set[tuple[str, str, str]] = set()
 
 @pytest.fixture(autouse=True)
 def _record_proxy_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.k8s import USER_AGENT
-    from proxy.standins.kube import FakeKube
+    from proxy.clients.kube import USER_AGENT
+    from standins.kube import FakeKube
 
     original = FakeKube._record
 

@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from proxy.standins.kube import SCHEMA_CRD as CRD_PATH
+from standins.kube import SCHEMA_CRD as CRD_PATH
 
 
 def _strict(schema: Any) -> Any:

@@ -22,9 +22,9 @@ from aiohttp.test_utils import TestServer
 
 from proxy.app import LINGER_SECONDS, create_app, server_options
 from proxy.config import Config
-from proxy.keys import SUBMITTER
-from proxy.standins.kube import FakeKube, Fault
-from proxy.standins.oms import FakeOms
+from proxy.submit.handler import SUBMITTER
+from standins.kube import FakeKube, Fault
+from standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, make_config
 
 UI_MPI = json.loads((Path(__file__).parent / "requests" / "ui-mpi.json").read_text())

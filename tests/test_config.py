@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from proxy.config import (
-    Config,
-    ConfigError,
-    Overrides,
-    apply_overrides,
-    config_from_dict,
-    load_config,
-)
+from proxy.config import Config, ConfigError
 from proxy.configdoc import example_yaml, markdown_reference
+from proxy.configload import Overrides, apply_overrides, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

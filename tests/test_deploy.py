@@ -23,10 +23,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from proxy import k8s as proxy_k8s
-from proxy.config import Config, config_from_dict, load_config
+from proxy.clients import kube as proxy_k8s
+from proxy.config import Config
+from proxy.configload import config_from_dict, load_config
 from proxy.routes import HEALTH_ROUTES, ROUTES
-from proxy.template import load_template
+from proxy.submit.template import load_template
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -704,7 +705,7 @@ def test_deploy_template_renders_valid_mpijobs(
 
 # --- RBAC -----------------------------------------------------------------------------------
 
-# (apiGroup, resource[/subresource], verb): exactly what proxy/k8s.py KubeClient calls.
+# (apiGroup, resource[/subresource], verb): exactly what proxy/clients/kube.py KubeClient calls.
 EXPECTED_RBAC: frozenset[tuple[str, str, str]] = frozenset(
     {
         ("kubeflow.org", "mpijobs", "create"),
@@ -1070,7 +1071,7 @@ def test_docs_cover_the_error_messages() -> None:
     doc = (ROOT / "README.md").read_text(encoding="utf-8")
     code = Path(proxy_k8s.__file__).read_text(encoding="utf-8")
     for phrase in ("lacks a permission", "is not installed", "namespace does not exist"):
-        assert phrase in code, f"proxy/k8s.py no longer says {phrase!r}: update README.md"
+        assert phrase in code, f"proxy/clients/kube.py no longer says {phrase!r}: update README.md"
         assert phrase in doc, f"README.md does not explain {phrase!r}"
     assert "kubectl get crd mpijobs.kubeflow.org -o jsonpath='{.spec.versions[*].name}'" in doc
     for path in (

@@ -34,9 +34,9 @@ from aiohttp.test_utils import TestClient
 from proxy import names
 from proxy.app import create_app, server_options
 from proxy.config import Config
-from proxy.keys import SUBMITTER
-from proxy.standins.kube import FakeKube, Fault, Scenario
-from proxy.standins.oms import FakeOms
+from proxy.submit.handler import SUBMITTER
+from standins.kube import FakeKube, Fault, Scenario
+from standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, make_config
 
 Client = TestClient[web.Request, web.Application]

@@ -19,11 +19,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.config import Config
-from proxy.keys import RUN_CACHE
-from proxy.lifecycle import notify_created
-from proxy.runview import FINAL_MESSAGE_KEY, PREFIX, PRELUDE_KEY
-from proxy.standins.kube import DEFAULT_LOG_LINES, FakeKube, Scenario
-from proxy.standins.oms import FakeOms
+from proxy.follow.cache import RUN_CACHE
+from proxy.follow.view import FINAL_MESSAGE_KEY, PREFIX, PRELUDE_KEY
+from proxy.submit.handler import SUBMITTER
+from standins.kube import DEFAULT_LOG_LINES, FakeKube, Scenario
+from standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, make_config
 from tests.oms_shapes import PROGRESS_KEYS, RUN_STATE_KEYS
 
@@ -481,7 +481,7 @@ async def test_watch_off_reads_directly(env: Env) -> None:
 async def test_watch_relists_after_410_and_reconnects_after_a_lost_connection(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="proxy.lifecycle")
+    caplog.set_level(logging.INFO, logger="proxy.follow.informer")
     _scenario(env.kube, log_lines=["x"], line_interval=0.01)
     env.kube.bookmark_interval = 1000.0  # no bookmark moves the watch's resourceVersion on
     from proxy.app import create_app
@@ -590,7 +590,10 @@ async def test_notify_created_makes_a_new_run_known_at_once(env: Env) -> None:
     job["metadata"]["uid"] = "another-uid"
     for where in ("labels", "annotations"):
         job["metadata"][where]["openmpp.org/run-stamp"] = stamp
-    notify_created(client.app, job)
+    submitter = client.app[SUBMITTER]
+    assert submitter is not None
+    assert submitter.on_created is not None
+    submitter.on_created(job)  # what the submit path does after a create
     cache = client.app[RUN_CACHE]
     assert cache is not None
     run = await cache.find(stamp, DIGEST)
@@ -600,7 +603,7 @@ async def test_notify_created_makes_a_new_run_known_at_once(env: Env) -> None:
 
 def test_only_events_of_our_runs_are_kept() -> None:
     """The namespace's other Events are not cached (memory and work do not grow with them)."""
-    from proxy.lifecycle import _about_our_run
+    from proxy.follow.cache import _about_our_run
 
     runs = {"ompp-riskpaths-1a2b3c4d": object()}
     prefixes = tuple(f"{n}-" for n in runs)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import _common as c
-from proxy.standins.oms import pattern_sha256
+from standins.oms import pattern_sha256
 
 SIZE = 256 * 1024 * 1024
 MAX_GROWTH_KIB = 32 * 1024

@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.standins.kube import FakeKube
-from proxy.standins.oms import FakeOms
+from standins.kube import FakeKube
+from standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, ProxyFactory, make_config
 
 Client = TestClient[web.Request, web.Application]

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from yarl import URL
 
-from proxy.standins.oms import FakeOms, pattern_sha256
+from standins.oms import FakeOms, pattern_sha256
 from tests.conftest import ProxyFactory, make_config
 
 Client = TestClient[web.Request, web.Application]

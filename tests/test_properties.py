@@ -35,7 +35,9 @@ from hypothesis import strategies as st
 
 from proxy import names
 from proxy.config import FORBIDDEN_ENV_PATTERN, Config
-from proxy.render import (
+from proxy.stamps import clean_file_name, clean_file_path, make_stamp
+from proxy.submit.decode import ModelInfo, RunRequest, RunRequestError, parse_run_request
+from proxy.submit.render import (
     HOSTFILE,
     RenderedRun,
     RenderError,
@@ -44,18 +46,8 @@ from proxy.render import (
     parse_quantity,
     render,
 )
-from proxy.runrequest import (
-    ModelInfo,
-    RunRequest,
-    RunRequestError,
-    ValidatedRun,
-    choose_run_stamp,
-    ini_read_value,
-    parse_run_request,
-    validate_run,
-)
-from proxy.stamps import clean_file_name, clean_file_path, make_stamp
-from proxy.template import RUN_VOLUME, load_template
+from proxy.submit.template import RUN_VOLUME, load_template
+from proxy.submit.validate import ValidatedRun, choose_run_stamp, ini_read_value, validate_run
 from tests import strategies as gen
 from tests.crd import validate_mpijob
 from tests.test_render import NEWCASEBASED, RISKPATHS, TEMPLATE_PATH, make_config

@@ -19,8 +19,10 @@ import pytest
 import yaml
 
 from proxy import names
-from proxy.config import Config, ConfigError, config_from_dict
-from proxy.render import (
+from proxy.config import Config, ConfigError
+from proxy.configload import config_from_dict
+from proxy.submit.decode import ModelInfo, RunRequest, parse_run_request
+from proxy.submit.render import (
     RenderedRun,
     RenderError,
     Stamps,
@@ -30,14 +32,8 @@ from proxy.render import (
     parse_quantity,
     render,
 )
-from proxy.runrequest import (
-    ModelInfo,
-    RunRequest,
-    choose_run_stamp,
-    parse_run_request,
-    validate_run,
-)
-from proxy.template import Template, check_template, load_template, parse_template
+from proxy.submit.template import Template, check_template, load_template, parse_template
+from proxy.submit.validate import choose_run_stamp, validate_run
 from tests.crd import validate_mpijob
 
 ROOT = Path(__file__).resolve().parents[1]

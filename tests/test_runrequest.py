@@ -12,24 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.config import RunsConfig, config_from_dict
-from proxy.runrequest import (
-    MicrodataEntity,
-    MicrodataRequest,
-    MicrodataSettings,
-    ModelInfo,
-    MpiOptions,
-    RunNote,
-    RunRequest,
-    RunRequestError,
-    ValidatedRun,
-    choose_run_stamp,
-    ini_quote,
-    ini_read_value,
-    is_mpi,
-    parse_run_request,
-    validate_run,
-)
+from proxy.config import RunsConfig
+from proxy.configload import config_from_dict
 from proxy.stamps import (
     StampSource,
     clean_file_name,
@@ -37,6 +21,25 @@ from proxy.stamps import (
     is_stamp,
     make_datetime,
     make_stamp,
+)
+from proxy.submit.decode import (
+    MicrodataEntity,
+    MicrodataRequest,
+    ModelInfo,
+    MpiOptions,
+    RunNote,
+    RunRequest,
+    RunRequestError,
+    parse_run_request,
+)
+from proxy.submit.validate import (
+    MicrodataSettings,
+    ValidatedRun,
+    choose_run_stamp,
+    ini_quote,
+    ini_read_value,
+    is_mpi,
+    validate_run,
 )
 
 REQUESTS = Path(__file__).resolve().parent / "requests"
@@ -879,7 +882,7 @@ def test_any_json_object_parses_or_names_the_field(body: dict[str, Any]) -> None
 
 def test_values_and_option_counts_are_bounded() -> None:
     """One argv element must stay under Linux's per-argument limit; option count is capped."""
-    from proxy.runrequest import MAX_OPTS, MAX_VALUE_BYTES
+    from proxy.submit.validate import MAX_OPTS, MAX_VALUE_BYTES
 
     long_value = "x" * (MAX_VALUE_BYTES + 1)
     assert "longer than" in refusal({"Opts": {"OpenM.RunName": long_value}})

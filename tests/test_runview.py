@@ -1,4 +1,4 @@
-"""proxy.runview: phases, status letters, log lines (append-only, deterministic), oms shapes."""
+"""proxy.follow.view: phases, status letters, log lines (append-only, deterministic), oms shapes."""
 
 from __future__ import annotations
 
@@ -10,27 +10,18 @@ from typing import Any
 import pytest
 
 from proxy import names
-from proxy.runview import (
+from proxy.follow.launcherlog import LauncherLog, LogBuffer, log_lines
+from proxy.follow.omsshapes import PagingError, lines_page, log_page, parse_go_int, run_job, run_pub
+from proxy.follow.runinfo import format_time, parse_time, run_info
+from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
     PREFIX,
     PRELUDE_KEY,
     EventsSnapshot,
     FinalMessage,
-    LauncherLog,
-    LogBuffer,
-    PagingError,
     RunView,
     ViewSettings,
     compute_view,
-    format_time,
-    lines_page,
-    log_lines,
-    log_page,
-    parse_go_int,
-    parse_time,
-    run_info,
-    run_job,
-    run_pub,
     stuck_reasons,
 )
 from tests.oms_shapes import PROGRESS_KEYS, RUN_STATE_KEYS

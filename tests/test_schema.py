@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.standins.kube import SCHEMA_CRD
+from standins.kube import SCHEMA_CRD
 from tools.mpijob_schema import derive, render, strip_schema
 
 

@@ -30,11 +30,11 @@ from aiohttp.test_utils import TestClient
 
 from proxy.accesslog import JsonFormatter
 from proxy.app import create_app
+from proxy.clients.kube import KubeClient, load_api_client
 from proxy.config import Config
 from proxy.errors import KubeError
-from proxy.k8s import KubeClient, load_api_client
-from proxy.standins.kube import FakeKube, Fault, Scenario, find_crd
-from proxy.standins.oms import FakeOms
+from standins.kube import FakeKube, Fault, Scenario, find_crd
+from standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, make_config
 from tests.test_faults import proxy_process
 from tests.test_faults import served as served  # a fixture
@@ -76,7 +76,7 @@ def proxy_records(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
     return [
         r
         for r in records
-        if not r.name.startswith("proxy.standins")
+        if not r.name.startswith("standins")
         and not (r.name == "aiohttp.access" and not hasattr(r, "fields"))
     ]
 

@@ -49,7 +49,7 @@ def test_a_copy_with_nothing_beside_it_passes_the_crd_dependent_tests(tmp_path: 
         [
             sys.executable,
             "-c",
-            "import proxy, tests.crd, proxy.standins.kube as k; "
+            "import proxy, tests.crd, standins.kube as k; "
             "print(proxy.__file__); print(tests.crd.CRD_PATH); print(k.find_crd())",
         ],
         cwd=copy,

@@ -15,7 +15,7 @@ import yaml
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from proxy.standins.kube import (
+from standins.kube import (
     DEFAULT_LOG_LINES,
     SCHEMA_CRD,
     FakeKube,

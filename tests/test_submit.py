@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy import names
-from proxy.standins.kube import FakeKube, Fault
-from proxy.standins.oms import FakeOms
+from standins.kube import FakeKube, Fault
+from standins.oms import FakeOms
 from tests.conftest import KubeconfigFor, ProxyFactory, make_config
 from tests.crd import validate_mpijob
 from tests.oms_shapes import RUN_STATE_KEYS
@@ -252,7 +252,7 @@ async def test_kubernetes_outcome_table(
 async def test_unauthorized_is_502(
     oms: FakeOms, kubeconfig_for: KubeconfigFor, make_proxy: ProxyFactory
 ) -> None:
-    from proxy.standins.kube import find_crd
+    from standins.kube import find_crd
 
     kube = FakeKube(crd_schema_path=find_crd(), token="right")
     kubeconfig = await kubeconfig_for(kube, token="wrong")
@@ -270,7 +270,7 @@ async def test_unauthorized_is_502(
 async def test_namespace_missing_is_502(
     oms: FakeOms, kubeconfig_for: KubeconfigFor, make_proxy: ProxyFactory
 ) -> None:
-    from proxy.standins.kube import find_crd
+    from standins.kube import find_crd
 
     kube = FakeKube(crd_schema_path=find_crd(), namespaces=("other",))
     config = make_config(

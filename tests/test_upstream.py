@@ -1,4 +1,4 @@
-"""The pass-through's HTTP/1.1 client (proxy.upstream) against scripted loopback servers.
+"""The pass-through's HTTP/1.1 client (proxy.passthrough.client) against scripted loopback servers.
 
 Each test plays oms with raw bytes, so framing, reuse, retries, timeouts and flow control are
 checked exactly, including what a well-behaved aiohttp server would never send.
@@ -19,8 +19,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.app import create_app, server_options
-from proxy.standins.oms import FakeOms
-from proxy.upstream import (
+from proxy.passthrough.client import (
     Broken,
     ConnectFailed,
     ConnectTimeout,
@@ -28,6 +27,7 @@ from proxy.upstream import (
     Response,
     Upstream,
 )
+from standins.oms import FakeOms
 from tests.conftest import make_config
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

@@ -1,7 +1,7 @@
 """Derive the repository's MPIJob schema from the upstream MPIJob CustomResourceDefinition.
 
 The stand-in Kubernetes API and the tests validate MPIJobs against the schema this script writes
-(``proxy/standins/schemas/mpijob-v2beta1.yaml``). It keeps what validation, defaulting and pruning
+(``standins/schemas/mpijob-v2beta1.yaml``). It keeps what validation, defaulting and pruning
 need — every schema keyword but ``description`` (types, enums, required, defaults, formats,
 patterns, ``x-kubernetes-*`` markers, the whole property structure) — and the CRD's identity
 (group, names, scope, served/storage, subresources), so the file is still a CRD a real API
@@ -10,7 +10,7 @@ server accepts. Output is deterministic: run it again on the same input and noth
     python tools/mpijob_schema.py UPSTREAM_CRD.yaml [OUTPUT.yaml]
 
 The upstream file is ``manifests/base/kubeflow.org_mpijobs.yaml`` of the Go module
-``github.com/kubeflow/mpi-operator`` (provenance: ``proxy/standins/schemas/README.md``); the e2e
+``github.com/kubeflow/mpi-operator`` (provenance: ``standins/schemas/README.md``); the e2e
 tier regenerates it from the module and compares with the committed copy.
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.standins.kube import SCHEMA_CRD
+from standins.kube import SCHEMA_CRD
 from tools.mpijob_schema import render
 
 pytestmark = pytest.mark.e2e

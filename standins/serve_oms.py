@@ -1,4 +1,4 @@
-"""Serve the stand-in oms in a process of its own: ``python -m proxy.standins.serve_oms``.
+"""Serve the stand-in oms in a process of its own: ``python -m standins.serve_oms``.
 
 For benchmarks and tests that want oms outside the proxy's process. Once bound it prints one line,
 ``listening on http://HOST:PORT``, to stdout (``--port 0`` picks a free port), then serves until
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from proxy.standins import run_until_stopped
-from proxy.standins.oms import FakeOms
+from standins import run_until_stopped
+from standins.oms import FakeOms
 
 _READ = 64 * 1024
 
@@ -76,7 +76,7 @@ async def _serve(host: str, port: int, max_seconds: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the flags and serve."""
-    p = argparse.ArgumentParser(prog="python -m proxy.standins.serve_oms", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m standins.serve_oms", description=__doc__)
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="listen port (0: any free port)")
     p.add_argument(

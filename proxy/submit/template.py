@@ -10,7 +10,7 @@ every field it does not know, with the file and the dotted path of the field:
   the Kubernetes models generated in kubernetes_asyncio (``openapi_types``/``attribute_map``),
   recursively, including value types (a YAML ``yes`` where a string belongs is an error).
 
-It also rejects settings that the renderer owns (see :mod:`proxy.render`) when they would
+It also rejects settings that the renderer owns (see :mod:`proxy.submit.render`) when they would
 conflict: values that come from the proxy config or from the run (name, namespace,
 ``slotsPerWorker``, the Worker's ``replicas``, ``runPolicy.cleanPodPolicy``/
 ``activeDeadlineSeconds``/``ttlSecondsAfterFinished``, the Launcher's first container's

@@ -1,16 +1,16 @@
-"""Serve the stand-in Kubernetes API in its own process: ``python -m proxy.standins.serve_kube``.
+"""Serve the stand-in Kubernetes API in its own process: ``python -m standins.serve_kube``.
 
 For benchmarks and tests that want the Kubernetes API (with the simulated MPI operator of
-:class:`proxy.standins.kube.FakeKube`) outside the proxy's process. Once bound it prints one line,
+:class:`standins.kube.FakeKube`) outside the proxy's process. Once bound it prints one line,
 ``listening on http://HOST:PORT``, to stdout (``--port 0`` picks a free port), then serves until
 SIGTERM/SIGINT or ``--max-seconds`` (a safety net so a forgotten server never lingers).
 ``--kubeconfig FILE`` also writes a kubeconfig pointing at it.
 
 Admission validates MPIJobs against the CRD's schema as a real API server does (``--crd``,
-default :func:`proxy.standins.kube.find_crd`); ``--no-validation`` turns that off.
+default :func:`standins.kube.find_crd`); ``--no-validation`` turns that off.
 
 Events older than ``--event-ttl`` seconds (default one hour, as on a real API server) are
-deleted. Each MPIJob follows one :class:`~proxy.standins.kube.Scenario`: ``--scenario``
+deleted. Each MPIJob follows one :class:`~standins.kube.Scenario`: ``--scenario``
 (``succeed``, ``fail``, ``no-operator``...), a launcher log of ``--log-lines`` lines, written
 over ``--run-seconds`` seconds (one number, or ``MIN:MAX`` for a duration picked per job,
 repeatable from the job's name) or one every ``--line-interval`` seconds.
@@ -48,18 +48,18 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from proxy.standins import run_until_stopped
-from proxy.standins.kube import (
+from standins import run_until_stopped
+from standins.kube import (
     DEFAULT_LOG_LINES,
     EVENTS,
     FakeKube,
     RecordedRequest,
     Scenario,
     ScenarioKind,
-    _request_attributes,
     find_crd,
     write_kubeconfig,
 )
+from standins.kube.selectors import _request_attributes
 
 DEBUG_PREFIX = "/debug/standin/"
 RUN_STAMP_KEY = "openmpp.org/run-stamp"
@@ -291,7 +291,7 @@ async def _serve(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags."""
     p = argparse.ArgumentParser(
-        prog="python -m proxy.standins.serve_kube",
+        prog="python -m standins.serve_kube",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -22,9 +22,10 @@ from aiohttp import web
 
 from proxy import names
 from proxy.app import create_app
-from proxy.config import Config, config_from_dict, default_config_dir
-from proxy.standins.kube import FakeKube, Scenario, find_crd, serve, write_kubeconfig
-from proxy.standins.oms import FakeOms
+from proxy.config import Config
+from proxy.configload import config_from_dict, default_config_dir
+from standins.kube import FakeKube, Scenario, find_crd, serve, write_kubeconfig
+from standins.oms import FakeOms
 
 MODEL_LOG = [
     "RiskPaths",

@@ -20,23 +20,16 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy import headers as hdr
-from proxy.errors import ProxyError, RequestTimeout, UpstreamTimeout, UpstreamUnavailable
-from proxy.keys import CONFIG, METRICS, UPSTREAM
-from proxy.upstream import ConnectFailed, Response, UpstreamError
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.keys import CONFIG, METRICS, request_id
+from proxy.passthrough import headers as hdr
+from proxy.passthrough.body import SMALL_BODY, body_timed_out, body_timeout, request_body
+from proxy.passthrough.client import ConnectFailed, Response, Upstream, UpstreamError
 
 _LOGGER = logging.getLogger(__name__)
 
-# Bodies up to this size with a known Content-Length are read whole instead of streamed.
-SMALL_BODY = 256 * 1024
-
-REQUEST_ID_KEY: web.RequestKey[str] = web.RequestKey("request_id", str)
-
-
-def request_id(request: web.Request) -> str:
-    """The request's id (set by the request-id middleware)."""
-    rid: str = request.get(REQUEST_ID_KEY, "")
-    return rid
+UPSTREAM: web.AppKey[Upstream] = web.AppKey("upstream", Upstream)
+"""The pass-through's own pooled client to oms (passthrough.client), used by :func:`forward`."""
 
 
 def upstream_url(base: str, request: web.BaseRequest) -> URL:
@@ -51,56 +44,6 @@ def upstream_url(base: str, request: web.BaseRequest) -> URL:
         path = URL(raw).raw_path_qs
         raw = path if path.startswith("/") else "/" + path  # "//x" stays "//x", as sent
     return URL(base + raw, encoded=True)
-
-
-def body_timeout(request: web.Request) -> float | None:
-    """``server.client_body_timeout_seconds`` of the request's app (None: no limit)."""
-    config = request.config_dict.get(CONFIG)
-    return config.server.client_body_timeout_seconds if config is not None else None
-
-
-def body_timed_out() -> RequestTimeout:
-    """The error for a client that paused too long in its request body."""
-    return RequestTimeout("Request body not received in time")
-
-
-class _BodyStream:
-    """The client's body as it arrives; each read must bring data within ``timeout`` seconds.
-
-    A stalled client would otherwise hold its connection and one to oms for ever.
-    """
-
-    def __init__(self, request: web.Request, timeout: float | None) -> None:
-        self._content = request.content
-        self._timeout = timeout
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        content = self._content
-        while True:
-            try:
-                async with asyncio.timeout(self._timeout):
-                    # One piece as received: neither cut nor joined, so never copied here.
-                    data, _ = await content.readchunk()
-            except TimeoutError as e:
-                raise body_timed_out() from e
-            if data:
-                yield data
-            elif content.at_eof():  # (b"", True) only marks the end of an HTTP chunk
-                return
-
-
-def _request_body(request: web.Request) -> tuple[_BodyStream | None, int | None, bool]:
-    """(body stream, content length, whether to read it whole first) for the upstream request."""
-    length = request.content_length
-    if length is not None:
-        if length == 0:
-            return None, 0, False
-        if length <= SMALL_BODY:
-            return None, length, True
-        return _BodyStream(request, body_timeout(request)), length, False
-    if request.body_exists:  # chunked upload: stream it on, chunked
-        return _BodyStream(request, body_timeout(request)), None, False
-    return None, None, False
 
 
 def upstream_target(request: web.BaseRequest) -> str:
@@ -135,7 +78,7 @@ async def forward(request: web.Request, *, body: bytes | None = None) -> web.Str
 
     ``body`` replaces the request body when the caller has already read it (it is then sent
     byte-for-byte as read). The exchange goes over the app's pass-through client
-    (:class:`proxy.upstream.Upstream`, ``keys.UPSTREAM``); answers are relayed in
+    (:class:`proxy.passthrough.client.Upstream`, ``keys.UPSTREAM``); answers are relayed in
     ``server.read_chunk_bytes`` pieces.
     """
     upstream = request.app[UPSTREAM]
@@ -145,7 +88,7 @@ async def forward(request: web.Request, *, body: bytes | None = None) -> web.Str
     if body is not None:
         data, length = body, len(body)
     else:
-        stream, length, read_first = _request_body(request)
+        stream, length, read_first = request_body(request)
         data = stream.chunks() if stream is not None else None
         if read_first:
             try:

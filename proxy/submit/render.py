@@ -71,8 +71,9 @@ from fractions import Fraction
 
 from proxy import names
 from proxy.config import Config
-from proxy.runrequest import RUN_STAMP_RE, ModelInfo, ValidatedRun, ini_quote
-from proxy.template import QUANTITY_RE, RUN_VOLUME, JsonObject, JsonValue, Template
+from proxy.submit.decode import ModelInfo
+from proxy.submit.template import QUANTITY_RE, RUN_VOLUME, JsonObject, JsonValue, Template
+from proxy.submit.validate import RUN_STAMP_RE, ValidatedRun, ini_quote
 
 HOSTFILE = "/etc/mpi/hostfile"
 CONFIGMAP_SUFFIX = "-run"

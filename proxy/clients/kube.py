@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import aiohttp
+from aiohttp import web
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
@@ -560,3 +561,7 @@ class KubeClient:
 
         doc = await self._call("list events", go)
         return [i for i in doc.get("items") or () if isinstance(i, dict)]
+
+
+KUBE: web.AppKey[KubeClient | None] = web.AppKey("kube")
+"""The Kubernetes client; None when runs are not intercepted (``runs.intercept: none``)."""

@@ -1,10 +1,9 @@
-"""``POST /api/run``: MPI runs become MPIJobs; every other run goes to oms byte-for-byte.
-
-The flow of an intercepted run: read the body within ``runs.max_body_bytes`` → parse it like oms
-(:mod:`proxy.runrequest`) → resolve the model through oms → validate against the limits in config
-→ render the MPIJob (:mod:`proxy.render`, pure) → create it (:mod:`proxy.k8s`) → answer with an
-oms RunState. Retries are safe because the MPIJob name is derived from (model, run stamp): a 409
-whose object carries this request's id is our own earlier attempt and counts as success.
+"""The flow of an intercepted run: read the body within ``runs.max_body_bytes`` → parse it like oms
+(:mod:`proxy.submit.decode`) → resolve the model through oms → validate against the limits in
+config (:mod:`proxy.submit.validate`) → render the MPIJob (:mod:`proxy.submit.render`, pure) →
+create it (:mod:`proxy.clients.kube`) → answer with an oms RunState. Retries are safe because the
+MPIJob name is derived from (model, run stamp): a 409 whose object carries this request's id is
+our own earlier attempt and counts as success.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy import keys, names
+from proxy.clients.kube import KubeClient
 from proxy.config import Config
 from proxy.errors import (
     BadRequest,
@@ -34,28 +35,20 @@ from proxy.errors import (
     KubeServerError,
     KubeTimeout,
     KubeUnavailable,
-    PayloadTooLarge,
     ProxyError,
     TooManyRequests,
     UnsupportedMediaType,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from proxy.k8s import KubeClient
-from proxy.lifecycle import notify_created
-from proxy.passthrough import body_timed_out, body_timeout, forward, request_id
-from proxy.render import RenderedRun, RenderError, Stamps, render
-from proxy.runrequest import (
-    ModelInfo,
-    RunRequest,
-    RunRequestError,
-    choose_run_stamp,
-    is_mpi,
-    parse_run_request,
-    validate_run,
-)
+from proxy.keys import request_id
+from proxy.passthrough.body import read_limited
+from proxy.passthrough.forward import forward
 from proxy.stamps import StampSource, make_datetime
-from proxy.template import Template
+from proxy.submit.decode import ModelInfo, RunRequest, RunRequestError, parse_run_request
+from proxy.submit.render import RenderedRun, RenderError, Stamps, render
+from proxy.submit.template import Template
+from proxy.submit.validate import choose_run_stamp, is_mpi, validate_run
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -94,6 +87,9 @@ class Submitter:
     in_flight: int = 0
     _models: dict[str, tuple[float, ModelInfo]] = dataclasses.field(default_factory=dict)
     _late: dict[str, _LateCreateCheck] = dataclasses.field(default_factory=dict)
+    on_created: Callable[[dict[str, Any]], None] | None = None
+    """Told of each MPIJob just created (the app lets the run cache know: pollers asking right
+    after ``POST /api/run`` then find the run before the watch event arrives)."""
 
     async def resolve_model(self, dn: str, request: web.Request) -> ModelInfo:
         """The model by digest or name, as oms knows it (cached briefly)."""
@@ -209,6 +205,10 @@ class Submitter:
                 await task
 
 
+SUBMITTER: web.AppKey[Submitter | None] = web.AppKey("submitter")
+TEMPLATE: web.AppKey[Template] = web.AppKey("template")
+
+
 def _quote_segment(s: str) -> str:
     return quote(s, safe="")
 
@@ -240,30 +240,6 @@ async def _delete_quietly(kube: KubeClient, name: str) -> bool:
     return True
 
 
-async def read_limited(request: web.Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading them all.
-
-    The whole body must arrive within ``server.client_body_timeout_seconds`` (408 otherwise).
-    """
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(body_timeout(request)):
-            while True:
-                data = await request.content.read(65536)
-                if not data:
-                    break
-                size += len(data)
-                if size > limit:
-                    raise PayloadTooLarge(f"Request body too large: over {limit} bytes")
-                chunks.append(data)
-    except TimeoutError as e:
-        raise body_timed_out() from e
-    return b"".join(chunks)
-
-
 def run_state(model: ModelInfo, stamps: Stamps, run_name: str, now: dt.datetime) -> dict[str, Any]:
     """The RunState answer with all 10 keys the UI requires."""
     return {
@@ -283,7 +259,7 @@ def run_state(model: ModelInfo, stamps: Stamps, run_name: str, now: dt.datetime)
 async def handle_submit(request: web.Request) -> web.StreamResponse:
     """POST /api/run."""
     app = request.app
-    config, submitter = app[keys.CONFIG], app[keys.SUBMITTER]
+    config, submitter = app[keys.CONFIG], app[SUBMITTER]
     if config.runs.intercept == "none" or submitter is None:
         return await forward(request)
     if "application/json" not in request.headers.get("Content-Type", ""):
@@ -336,7 +312,8 @@ async def _submit(
     except RenderError as e:
         raise BadRequest(f"Model start failed: {e}") from e
     job = await submitter.create(rendered, stamps)
-    notify_created(request.app, job)
+    if submitter.on_created is not None:
+        submitter.on_created(job)
     annotations = job.get("metadata", {}).get("annotations", {})
     # A repeated attempt of the same request answers with the stamps of the MPIJob it created.
     stamps = dataclasses.replace(

@@ -1,0 +1,237 @@
+"""The routes the proxy answers for its launched runs: log pages, progress, stop, jobs page.
+
+A stamp the run cache does not know is passed to oms unchanged, so oms's own runs are answered
+by oms. The answers' shapes are built in :mod:`proxy.follow.omsshapes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp import web
+
+from proxy.clients.kube import KUBE
+from proxy.clients.oms import oms_get
+from proxy.errors import (
+    BadRequest,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from proxy.follow.cache import RUN_CACHE, RunCache
+from proxy.follow.omsshapes import (
+    PagingError,
+    log_page,
+    parse_go_int,
+    progress_item,
+    run_job,
+    run_pub,
+)
+from proxy.follow.runinfo import format_time
+from proxy.follow.view import (
+    FINAL_PHASES,
+)
+from proxy.keys import CONFIG, request_id
+from proxy.passthrough import headers as hdr
+from proxy.passthrough.forward import forward
+from proxy.routes import ROUTES
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, headers={hdr.REQUEST_ID: request_id(request)})
+
+
+def _cache(request: web.Request) -> RunCache | None:
+    return request.app.get(RUN_CACHE)
+
+
+# --- handlers ---------------------------------------------------------------------------------
+
+_PAGING = re.compile(r"(?:/start/(?P<start>[^/]*)(?:/count/(?P<count>[^/]*))?)?/?")
+
+
+async def handle_run_log(request: web.Request) -> web.StreamResponse:
+    """GET /api/run/log/model/{model}/stamp/{stamp}[/start/{n}[/count/{c}]]."""
+    cache = _cache(request)
+    m = _PAGING.fullmatch(request.match_info.get("paging", ""))
+    model, stamp = request.match_info["model"], request.match_info["stamp"]
+    if cache is None or m is None or (m["start"] is not None and m["start"] == ""):
+        return await forward(request)
+    if m["count"] is not None and m["count"] == "":
+        return await forward(request)
+    run = await cache.find(stamp, model)
+    if run is None:
+        return await forward(request)
+    start_text = request.query.get("start") or m["start"] or ""
+    count_text = request.query.get("count") or m["count"] or ""
+    try:
+        start = parse_go_int(start_text) if start_text else 0
+    except PagingError as e:
+        raise BadRequest(f"Invalid value of start log start line {model}") from e
+    try:
+        count = parse_go_int(count_text) if count_text else 0
+    except PagingError as e:
+        raise BadRequest(f"Invalid value of log line count {model}") from e
+    view = await cache.view(run)
+    if view is None:
+        return await forward(request)
+    return _json(log_page(view, start, count), request)
+
+
+async def handle_run_status(request: web.Request) -> web.StreamResponse:
+    """GET /api/model/{model}/run/{stamp}/status and .../status/list."""
+    cache = _cache(request)
+    if cache is None:
+        return await forward(request)
+    run = await cache.find(request.match_info["stamp"], request.match_info["model"])
+    if run is None:
+        return await forward(request)
+    view = await cache.view(run)
+    answer = await oms_get(request)
+    doc = answer.json()
+    if view is None or doc is None:
+        return answer.response(request)
+    if isinstance(doc, list):
+        if not doc:
+            return _json([run_pub(view)], request)
+        out: list[Any] = []
+        for item in doc:
+            ours = None
+            if isinstance(item, dict) and item.get("RunStamp") == view.info.run_stamp:
+                ours = progress_item(item, view)
+            out.append(item if ours is None else ours)
+        return answer.response(request) if out == doc else _json(out, request)
+    if isinstance(doc, dict):
+        ours = progress_item(doc, view)
+        return answer.response(request) if ours is None else _json(ours, request)
+    return answer.response(request)
+
+
+async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
+    """GET /api/model/{model}/run/status/last: ours when our newest run is newer than oms's."""
+    cache = _cache(request)
+    if cache is None:
+        return await forward(request)
+    runs = await cache.runs_of_model(request.match_info["model"])
+    if not runs:
+        return await forward(request)
+    answer = await oms_get(request)
+    doc = answer.json()
+    if not isinstance(doc, dict):
+        return answer.response(request)
+    stamp = doc.get("RunStamp") or ""
+    same = [r for r in runs if r.info.run_stamp == stamp and stamp]
+    if same and doc.get("Status"):
+        view = await cache.view(max(same, key=lambda r: r.info.submitted))
+        ours = progress_item(doc, view) if view is not None else None
+        return answer.response(request) if ours is None else _json(ours, request)
+    newest = max(runs, key=lambda r: r.info.submitted)
+    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(
+        newest.info.submitted
+    ):
+        return answer.response(request)
+    view = await cache.view(newest)
+    return answer.response(request) if view is None else _json(run_pub(view), request)
+
+
+async def handle_run_stop(request: web.Request) -> web.StreamResponse:
+    """PUT /api/run/stop/model/{model}/stamp/{stamp}: delete the run's MPIJob."""
+    cache = _cache(request)
+    stamp = request.match_info["stamp"]
+    run = await cache.find(stamp, request.match_info["model"]) if cache is not None else None
+    if cache is None or run is None:
+        return await forward(request)
+    view = cache.peek(run)
+    if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
+        await cache.stop(run)
+        _LOGGER.info("stop of run %s: MPIJob %s deleted", stamp, run.name)
+    return web.Response(
+        status=200,
+        content_type="text/plain",
+        headers={
+            "Content-Location": f"/api/model/{run.info.model_digest}/run/{stamp}/true",
+            hdr.REQUEST_ID: request_id(request),
+        },
+    )
+
+
+async def handle_service_state(request: web.Request) -> web.StreamResponse:
+    """GET /api/service/state: oms's, with our active runs added to ``Active``."""
+    cache = _cache(request)
+    if cache is None:
+        return await forward(request)
+    answer = await oms_get(request)
+    doc = answer.json()
+    if not isinstance(doc, dict) or not isinstance(doc.get("Active"), list):
+        return answer.response(request)
+    views = sorted(await cache.active(), key=lambda v: v.info.submit_stamp)
+    if not views:
+        return answer.response(request)
+    doc["Active"] = [*doc["Active"], *(run_job(v) for v in views)]
+    return _json(doc, request)
+
+
+async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
+    """GET /api/service/job/active/{stamp}: job details of a launched run."""
+    cache = _cache(request)
+    run = await cache.find(request.match_info["stamp"]) if cache is not None else None
+    if cache is None or run is None:
+        return await forward(request)
+    view = await cache.view(run)
+    if view is None:
+        return await forward(request)
+    info = view.info
+    item: Any = run_pub(view)
+    path = f"/api/model/{quote(info.model_digest, safe='')}/run/{quote(info.run_stamp, safe='')}"
+    with contextlib.suppress(UpstreamTimeout, UpstreamUnavailable):
+        oms_list = (await oms_get(request, path + "/status/list")).json()
+        if isinstance(oms_list, list) and oms_list:
+            item = progress_item(oms_list[0], view) or oms_list[0]
+    return _json(
+        {"JobStatus": "", **run_job(view), "RunStatus": [item], "Lines": list(view.lines)}, request
+    )
+
+
+_HANDLERS: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {
+    "run_log": handle_run_log,
+    "run_stop": handle_run_stop,
+    "run_status": handle_run_status,
+    "run_status_list": handle_run_status,
+    "run_status_last": handle_run_status_last,
+    "service_state": handle_service_state,
+    "service_job_active": handle_service_job_active,
+}
+
+
+def setup_lifecycle(app: web.Application) -> None:
+    """Add the lifecycle routes and the run cache's start/stop to ``app``.
+
+    Call it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
+    Calling it again does nothing.
+    """
+    if "run_log" in app.router.named_resources():
+        return
+    for route in ROUTES:
+        handler = _HANDLERS.get(route.name)
+        if handler is not None:
+            app.router.add_route(route.method, route.path, handler, name=route.name)
+
+    async def run_cache(app: web.Application) -> AsyncIterator[None]:
+        kube = app.get(KUBE)
+        cache = RunCache(kube, app[CONFIG]) if kube is not None else None
+        app[RUN_CACHE] = cache
+        if cache is not None:
+            await cache.start()
+        try:
+            yield
+        finally:
+            if cache is not None:
+                await cache.close()
+
+    app.cleanup_ctx.append(run_cache)
