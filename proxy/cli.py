@@ -47,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("request", metavar="REQUEST.json", help="a POST /api/run body")
 
     routes = sub.add_parser("routes", help="print the routes the proxy answers itself")
-    routes.add_argument("--format", choices=("text", "json"), default="text")
+    routes.add_argument(
+        "--format",
+        choices=("text", "json", "istio", "ingress-nginx", "gateway-api"),
+        default="text",
+        help="text, json, or a front door's routes-only manifest (k8s/overlays/routes-only*)",
+    )
 
     demo = sub.add_parser("demo", help="run the whole flow on in-process stand-ins")
     demo.add_argument("--serve", action="store_true", help="keep everything running")

@@ -321,6 +321,14 @@ class MpiJobConfig:
         default="/etc/openmpp-run",
         metadata=_doc("Where the per-run ConfigMap (generated ini, run notes) is mounted."),
     )
+    queue_name: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "Kueue LocalQueue (in kubernetes.namespace) for every MPIJob, set as its label "
+            "kueue.x-k8s.io/queue-name; Kueue then keeps each MPIJob suspended until it admits "
+            "it. Empty: no label."
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

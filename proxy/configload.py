@@ -28,6 +28,8 @@ _NOT_KEYS = {"source", "base_dir"}
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_PREFIX = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# A LocalQueue name that is also a label value: a DNS-1123 subdomain of at most 63 characters.
+_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
 
@@ -208,6 +210,12 @@ def _check(config: Config) -> None:
     )
     need(m.active_deadline_seconds > 0, "mpijob.active_deadline_seconds", "expected > 0")
     need(m.ttl_seconds_after_finished >= 0, "mpijob.ttl_seconds_after_finished", "expected >= 0")
+    need(
+        m.queue_name == "" or _QUEUE_NAME.fullmatch(m.queue_name) is not None,
+        "mpijob.queue_name",
+        "expected a LocalQueue name (lower-case letters, digits, '-' and '.', at most 63 "
+        f"characters, starting and ending with a letter or digit) or empty, got {m.queue_name!r}",
+    )
     f = config.follow
     for name in (
         "settle_seconds",

@@ -22,6 +22,8 @@ SUBMIT_STAMP_KEY = _PREFIX + "submit-stamp"
 REQUEST_ID_KEY = _PREFIX + "request-id"
 USER_KEY = _PREFIX + "user"
 SUBMITTED_AT_KEY = _PREFIX + "submitted-at"  # annotation only: an RFC 3339 time
+# Kueue's label naming the LocalQueue of a job (set from mpijob.queue_name when not empty).
+KUEUE_QUEUE_NAME_KEY = "kueue.x-k8s.io/queue-name"
 
 # Keys the renderer owns: a template must not set them.
 OWNED_KEYS: frozenset[str] = frozenset(

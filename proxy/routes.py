@@ -1,7 +1,8 @@
 """The routes the proxy answers itself — one list, used by the app, the CLI and the k8s overlay.
 
 Everything else is passed through to oms. ``oms-mpijob-proxy routes`` prints this list; the
-Istio "routes-only" overlay in ``k8s/`` must send exactly these to the proxy (a test checks it).
+"routes-only" overlays in ``k8s/`` (Istio, ingress-nginx, Gateway API) are generated from it by
+:mod:`proxy.frontdoors` (a test checks they stay equal).
 """
 
 from __future__ import annotations
@@ -129,9 +130,13 @@ def bind(router: web.UrlDispatcher, handlers: Mapping[str, Handler]) -> None:
 
 
 def print_routes(fmt: str) -> int:
-    """Print the intercepted routes (text or JSON) for operators and the Istio overlay."""
+    """Print the intercepted routes (text, JSON, or a front door's routes-only manifest)."""
     routes = ROUTES + HEALTH_ROUTES
-    if fmt == "json":
+    from proxy import frontdoors  # it imports this module
+
+    if fmt in frontdoors.FORMATS:
+        print(frontdoors.render(fmt), end="")
+    elif fmt == "json":
         print(json.dumps([dataclasses.asdict(r) for r in routes], indent=2))
     else:
         for r in routes:

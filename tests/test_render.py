@@ -79,6 +79,8 @@ CASES: dict[str, Case] = {
         RISKPATHS,
         {"runs": {"allow_microdata": True}, "mpijob": {"slots_per_worker": 2}},
     ),
+    # The UI's request with Kueue: the MPIJob carries the LocalQueue's name as a label.
+    "ui-mpi-kueue": Case("ui-mpi.json", RISKPATHS, {"mpijob": {"queue_name": "openmpp-runs"}}),
     # The user's own ini file plus Tables: `-ini <theirs>` and the settings as argv pairs.
     "user-ini": Case(
         "user-ini.json",
@@ -168,6 +170,38 @@ def test_rendered_mpijobs_are_valid_for_the_crd(name: str, template: Template) -
     rendered = render_case(CASES[name], template)
     validate_mpijob(rendered.mpijob)
     assert rendered.argv == tuple(launcher(rendered.mpijob)["command"])
+
+
+def test_kueue_queue_label_only_on_the_mpijob_and_only_when_configured(
+    template: Template,
+) -> None:
+    plain = render_case(CASES["ui-mpi"], template)
+    queued = render_case(CASES["ui-mpi-kueue"], template)
+    assert names.KUEUE_QUEUE_NAME_KEY not in plain.mpijob["metadata"]["labels"]
+    assert queued.mpijob["metadata"]["labels"][names.KUEUE_QUEUE_NAME_KEY] == "openmpp-runs"
+    # Kueue reads the job's label; pods and the run ConfigMap are not queued objects.
+    for role in ("Launcher", "Worker"):
+        pod = queued.mpijob["spec"]["mpiReplicaSpecs"][role]["template"]
+        assert names.KUEUE_QUEUE_NAME_KEY not in pod["metadata"]["labels"]
+    if queued.configmap is not None:
+        assert names.KUEUE_QUEUE_NAME_KEY not in queued.configmap["metadata"]["labels"]
+    # Created suspended: nothing starts before Kueue admits the job and un-suspends it.
+    assert plain.mpijob["spec"]["runPolicy"]["suspend"] is False
+    assert queued.mpijob["spec"]["runPolicy"]["suspend"] is True
+    without = copy.deepcopy(queued.mpijob)
+    del without["metadata"]["labels"][names.KUEUE_QUEUE_NAME_KEY]
+    without["spec"]["runPolicy"]["suspend"] = False
+    assert without == plain.mpijob, "the label and suspend are the only differences"
+
+
+@pytest.mark.parametrize(
+    "bad", ["Openmpp", "-runs", "runs-", "a" * 64, "runs/one", "runs_one", " runs"]
+)
+def test_kueue_queue_name_must_be_a_localqueue_name(bad: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        make_config(mpijob={"queue_name": bad})
+    assert e.value.key == "mpijob.queue_name"
+    assert "LocalQueue" in str(e.value)
 
 
 def test_the_crd_validator_rejects_what_the_api_server_would(template: Template) -> None:

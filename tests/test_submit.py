@@ -319,3 +319,34 @@ async def test_start_up_dry_run_reported_by_readyz(
     assert "lacks a permission" in doc["checks"]["dry_run"]
     assert doc["checks"]["kubernetes"] == "ok"
     assert _jobs(fake_kube) == []
+
+
+async def test_kueue_queue_name_reaches_the_api_server(
+    oms: FakeOms, fake_kube: FakeKube, kubeconfig_for: KubeconfigFor, make_proxy: ProxyFactory
+) -> None:
+    """With mpijob.queue_name, the MPIJob the API server stores is labelled and suspended."""
+    kubeconfig = await kubeconfig_for(fake_kube)
+    config = make_config(
+        oms.url,
+        runs={"intercept": "mpi"},
+        kubernetes={"kubeconfig": str(kubeconfig), "dry_run_on_start": False},
+        mpijob={"queue_name": "openmpp-runs"},
+    )
+    client = await make_proxy(config)
+    resp = await _post(client, UI_MPI)
+    assert resp.status == 200, await resp.text()
+    (job,) = _jobs(fake_kube)
+    validate_mpijob(job)
+    assert job["metadata"]["labels"][names.KUEUE_QUEUE_NAME_KEY] == "openmpp-runs"
+    assert job["spec"]["runPolicy"]["suspend"] is True, "nothing starts before Kueue admits it"
+    name = job["metadata"]["name"]
+    async with asyncio.timeout(5):
+        while True:  # the operator has seen the job: Created, then Suspended
+            job = fake_kube.get_object("mpijobs", NS, name) or {}
+            conditions = {
+                c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])
+            }
+            if conditions.get("Suspended") == "True":
+                break
+            await asyncio.sleep(0.01)
+    assert not fake_kube.objects("pods", NS), "the operator starts no pod for a suspended job"

@@ -14,10 +14,14 @@ MPIJob (``kubeflow.org/v2beta1``)
     :func:`proxy.names.label_value`; ``metadata.annotations``: the same keys with the full
     values, plus ``openmpp.org/submitted-at``. The same labels and annotations are merged into
     both pod templates' metadata (so the template's ``sidecar.istio.io/inject: "false"`` stays).
+    With ``mpijob.queue_name`` set, the MPIJob (only) also gets the label
+    ``kueue.x-k8s.io/queue-name`` and is created with ``spec.runPolicy.suspend: true``; Kueue
+    un-suspends it when the queue admits it.
   * ``spec.slotsPerWorker``: ``mpijob.slots_per_worker``.
   * ``spec.runPolicy``: ``cleanPodPolicy`` (``mpijob.clean_pod_policy``), ``backoffLimit: 0``,
     ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished`` (config); other runPolicy fields
-    (``suspend``, ``schedulingPolicy``, ``managedBy``) stay as in the template.
+    (``suspend`` unless ``mpijob.queue_name`` is set, ``schedulingPolicy``, ``managedBy``)
+    stay as in the template.
   * ``spec.mpiReplicaSpecs.Launcher``: ``replicas: 1``, ``restartPolicy: Never``; its first
     container's ``command`` is the whole mpirun argv (below). When the run has generated
     settings (ini file, run notes), a ``configMap`` volume ``openmpp-run`` for the ConfigMap is
@@ -142,13 +146,21 @@ def render(
     memory = slots * parse_quantity(mj.memory_per_process)
 
     job = copy.deepcopy(template.manifest)
-    job["metadata"] = _metadata(job.get("metadata"), name, namespace, labels, annotations)
+    job_labels = dict(labels)
+    if mj.queue_name:
+        # Kueue reads the queue from the job's own labels only (not the pod templates').
+        job_labels[names.KUEUE_QUEUE_NAME_KEY] = mj.queue_name
+    job["metadata"] = _metadata(job.get("metadata"), name, namespace, job_labels, annotations)
     spec = _first(job, "spec", slotsPerWorker=slots)
     policy = _obj(spec, "runPolicy")
     policy["cleanPodPolicy"] = mj.clean_pod_policy
     policy["backoffLimit"] = 0
     policy["activeDeadlineSeconds"] = mj.active_deadline_seconds
     policy["ttlSecondsAfterFinished"] = mj.ttl_seconds_after_finished
+    if mj.queue_name:
+        # Created suspended, as Kueue's webhook would make it anyway: no pod starts before
+        # the queue admits the job (Kueue then sets suspend to false).
+        policy["suspend"] = True
     replica_specs = _obj(spec, "mpiReplicaSpecs")
 
     launcher = _first(replica_specs, "Launcher", replicas=1, restartPolicy="Never")
