@@ -51,3 +51,32 @@ def test_no_production_module_is_too_long() -> None:
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"split these by responsibility: {long}"
+
+
+def test_a_route_without_a_handler_stops_start_up() -> None:
+    """routes.bind refuses a gap either way: the app cannot start answering less than ROUTES."""
+    import pytest
+    from aiohttp import web
+
+    from proxy.routes import HEALTH_ROUTES, ROUTES, bind
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response()
+
+    every = {r.name: handler for r in ROUTES + HEALTH_ROUTES}
+    bind(web.Application().router, every)
+    missing = {k: v for k, v in every.items() if k != "run_stop"}
+    with pytest.raises(RuntimeError, match="run_stop"):
+        bind(web.Application().router, missing)
+    with pytest.raises(RuntimeError, match="run_restart"):
+        bind(web.Application().router, {**every, "run_restart": handler})
+
+
+def test_the_app_answers_every_route_it_publishes() -> None:
+    from proxy.app import create_app
+    from proxy.routes import HEALTH_ROUTES, ROUTES
+    from tests.conftest import make_config
+
+    app = create_app(make_config("http://127.0.0.1:9", runs={"intercept": "mpi"}))
+    named = app.router.named_resources()
+    assert {r.name for r in ROUTES + HEALTH_ROUTES} <= set(named)
