@@ -70,6 +70,25 @@ def server_options(config: Config) -> dict[str, Any]:
     }
 
 
+async def start_site(
+    app: web.Application, config: Config, host: str, port: int
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host``:``port`` (0: any free port) with the options of ``serve``.
+
+    Returns the runner (``await runner.cleanup()`` to stop) and the port it listens on.
+    """
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        shutdown_timeout=config.server.shutdown_grace_seconds,
+        **server_options(config),
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound: int = runner.addresses[0][1]
+    return runner, bound
+
+
 def _request_id(incoming: str | None) -> str:
     """The client's X-Request-ID if it is sane, else a new one."""
     if incoming and len(incoming) <= _MAX_REQUEST_ID and incoming.isprintable():

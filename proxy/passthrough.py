@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -210,8 +210,13 @@ async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.St
         return response
     if length is not None:
         response.content_length = length
-    else:
+    elif request.version >= HttpVersion11:
         response.enable_chunked_encoding()
+    else:
+        # An HTTP/1.0 client knows no chunked coding: the body ends when the connection does
+        # (RFC 9112 §6.3), as nginx does it. aiohttp leaves the connection open when the client
+        # asked for keep-alive, hence the explicit close.
+        response.force_close()
     await response.prepare(request)
     read = upstream.read_chunk
     while True:

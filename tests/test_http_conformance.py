@@ -1,0 +1,378 @@
+"""HTTP/1.1 conformance of the pass-through, byte for byte, as a table of cases (RFC 9110/9112).
+
+Every case runs the real proxy (``create_app`` served by :func:`proxy.app.start_site`, the
+serving stack of ``serve``) between two raw sockets: a scripted oms that records the bytes it
+receives and answers bytes of the case, and a raw client that sends bytes of the case and parses
+what comes back. Reference behaviour: the RFCs, and nginx 1.22 as a reverse proxy where they leave
+a choice (the README's "HTTP conformance" section lists the few differences on purpose).
+
+- ``OMS_CASES``: a plain request from the client; oms answers something unusual or hostile.
+- ``CLIENT_CASES``: the client sends something unusual or hostile; oms answers plainly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app, start_site
+from tests.conftest import make_config
+
+# --- the two raw sockets ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Answer:
+    """What the scripted oms does with one request: send ``data``, then maybe close."""
+
+    data: bytes
+    close: bool = False  # close the connection after sending (else keep it for the next request)
+    then_wait: float = 0.0  # stay silent this long after sending, then close
+
+
+OK_ANSWER = Answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+
+
+class ScriptedOms:
+    """A loopback oms on raw sockets: records each request's bytes, answers them in order.
+
+    Requests are read as RFC 9112 frames them (Content-Length or chunked); ``answers`` are used
+    one per request, the last one again when they run out.
+    """
+
+    def __init__(self, answers: list[Answer]) -> None:
+        self.answers = answers
+        self.requests: list[bytes] = []  # head and body of each request, as received
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.url = ""
+
+    async def start(self) -> ScriptedOms:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.connections += 1
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    return
+                self.requests.append(request)
+                index = min(len(self.requests), len(self.answers)) - 1
+                answer = self.answers[index]
+                writer.write(answer.data)
+                await writer.drain()
+                if answer.then_wait:
+                    await asyncio.sleep(answer.then_wait)
+                if answer.close or answer.then_wait:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """One request as framed by RFC 9112 §6.3 (head, then Content-Length or chunked body)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    fields = [line.partition(":") for line in lines if line]
+    names = {name.strip().lower(): value.strip() for name, _, value in fields}
+    if "chunked" in names.get("transfer-encoding", "").lower():
+        body = b""
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            body += size_line + await reader.readexactly(size + 2)
+            if size == 0:
+                return head + body
+    length = int(names.get("content-length", "0"))
+    return head + await reader.readexactly(length)
+
+
+@dataclasses.dataclass
+class Received:
+    """One answer as the raw client parsed it."""
+
+    status_line: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    @property
+    def status(self) -> int:
+        return int(self.status_line.split(b" ")[1])
+
+    def header(self, name: str) -> list[bytes]:
+        return [v for k, v in self.headers if k.lower() == name.lower().encode()]
+
+
+@dataclasses.dataclass
+class Exchange:
+    """Everything the raw client got: the answers in order, and whether the proxy closed."""
+
+    answers: list[Received]
+    closed: bool
+    rest: bytes  # bytes after the last whole answer (a cut body, for one)
+
+    @property
+    def statuses(self) -> list[int]:
+        return [a.status for a in self.answers]
+
+
+def parse_answers(data: bytes, methods: list[str], *, at_eof: bool) -> tuple[list[Received], bytes]:
+    """Split ``data`` into answers (RFC 9112 §6.3); ``methods``: the requests', in order."""
+    out: list[Received] = []
+    methods = list(methods)
+    while True:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return out, data
+        head, rest = data[:end], data[end + 4 :]
+        status_line, *lines = head.split(b"\r\n")
+        headers = [(k.strip(), v.strip()) for k, _, v in (ln.partition(b":") for ln in lines)]
+        status = int(status_line.split(b" ")[1])
+        got = Received(status_line, headers, b"")
+        if 100 <= status < 200:
+            out.append(got)
+            data = rest
+            continue
+        method = methods.pop(0) if methods else "GET"
+        lengths = got.header("Content-Length")
+        chunked = any(b"chunked" in v.lower() for v in got.header("Transfer-Encoding"))
+        if method == "HEAD" or status in (204, 304):
+            body = b""
+        elif chunked:
+            body, pos = b"", 0
+            while True:
+                line_end = rest.find(b"\r\n", pos)
+                if line_end < 0:
+                    return out, data
+                size = int(rest[pos:line_end].split(b";")[0], 16)
+                if size == 0:
+                    trailer_end = rest.find(b"\r\n\r\n", line_end)
+                    if trailer_end < 0 and not rest[line_end:].startswith(b"\r\n\r\n"):
+                        return out, data
+                    rest = rest[rest.find(b"\r\n\r\n", line_end) + 4 :]
+                    break
+                if len(rest) < line_end + 2 + size + 2:
+                    return out, data
+                body += rest[line_end + 2 : line_end + 2 + size]
+                pos = line_end + 2 + size + 2
+        elif lengths:
+            size = int(lengths[0])
+            if len(rest) < size:
+                return out, data
+            body, rest = rest[:size], rest[size:]
+        else:  # delimited by the end of the connection
+            if not at_eof:
+                return out, data
+            body, rest = rest, b""
+        got.body = body
+        out.append(got)
+        data = rest
+
+
+async def exchange(
+    port: int,
+    sent: bytes | list[bytes],
+    methods: list[str],
+    *,
+    answers: int,
+    wait_close: bool = False,
+    timeout: float = 5.0,
+) -> Exchange:
+    """Send ``sent`` (pieces written one by one) on a new connection, read ``answers`` answers.
+
+    With ``wait_close`` it also waits (up to ``timeout``) for the proxy to close the connection;
+    else it reads until the answers are whole, then looks briefly for a close.
+    """
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data, closed = b"", False
+    try:
+        for piece in [sent] if isinstance(sent, bytes) else sent:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            got, _ = parse_answers(data, methods, at_eof=False)
+            finals = [a for a in got if a.status >= 200]
+            if len(finals) >= answers and not wait_close:
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                async with asyncio.timeout(left):
+                    chunk = await reader.read(65536)
+            except TimeoutError:
+                break
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                closed = True
+                break
+            data += chunk
+        if not closed:  # a close that comes right after the answers
+            with contextlib.suppress(TimeoutError, ConnectionResetError):
+                async with asyncio.timeout(0.05):
+                    while chunk := await reader.read(65536):
+                        data += chunk
+                    closed = True
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    got, rest = parse_answers(data, methods, at_eof=closed)
+    return Exchange(got, closed, rest)
+
+
+Serve = Callable[..., Any]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """``await serve(answers, **config sections)``: (scripted oms, proxy port), both on loopback."""
+    cleanups: list[Any] = []
+
+    async def start(answers: list[Answer], **sections: dict[str, Any]) -> tuple[ScriptedOms, int]:
+        oms = await ScriptedOms(answers).start()
+        cleanups.append(oms.close)
+        config = make_config(oms.url, **sections)
+        runner, port = await start_site(create_app(config), config, "127.0.0.1", 0)
+        cleanups.append(runner.cleanup)
+        return oms, port
+
+    yield start
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+# --- oms side: a plain request, an unusual answer -----------------------------------------
+
+GET = b"GET /api/x HTTP/1.1\r\nHost: proxy\r\n\r\n"
+GET_10 = b"GET /api/x HTTP/1.0\r\n\r\n"
+GET_10_KEEP = b"GET /api/x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+HEAD = b"HEAD /api/x HTTP/1.1\r\nHost: proxy\r\n\r\n"
+
+BIG = b"x" * 300_000  # past the proxy's small-body path (read whole) and its direct-body path
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+@dataclasses.dataclass
+class OmsCase:
+    """A plain request; oms answers ``answer``; the client must get ``status`` and ``body``.
+
+    ``body`` None: not checked; ``closed``: whether the proxy must close the client's connection
+    after the answer (None: not checked); ``cut``: the answer must be cut (headers sent, then the
+    connection closed before the body is complete: the only signal left once a head is out).
+    """
+
+    name: str
+    answer: Answer
+    status: int
+    body: bytes | None = None
+    request: bytes = GET
+    closed: bool | None = None
+    cut: bool = False
+    headers: dict[str, list[bytes]] = dataclasses.field(default_factory=dict)
+    interim: list[int] = dataclasses.field(default_factory=list)  # 1xx the client must get
+    config: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+def _ok(body: bytes, *head: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in head) + b"\r\n" + body
+
+
+OMS_CASES = [
+    # HTTP/1.0 clients: no chunked coding for them; a body without a length ends at the close.
+    OmsCase(
+        "http10-chunked-answer",
+        Answer(_ok(chunked(b"hello ", b"world"), b"Transfer-Encoding: chunked")),
+        200,
+        b"hello world",
+        request=GET_10,
+        closed=True,
+    ),
+    OmsCase(
+        "http10-large-chunked-answer",
+        Answer(_ok(chunked(BIG, BIG), b"Transfer-Encoding: chunked")),
+        200,
+        BIG + BIG,
+        request=GET_10,
+        closed=True,
+    ),
+    OmsCase(
+        "http10-keepalive-close-delimited-answer",
+        Answer(_ok(b"until the end", b"Connection: close"), close=True),
+        200,
+        b"until the end",
+        request=GET_10_KEEP,
+        closed=True,
+    ),
+    OmsCase(
+        "http10-keepalive-with-length-stays-open",
+        OK_ANSWER,
+        200,
+        b"ok",
+        request=GET_10_KEEP,
+        closed=False,
+        headers={"Connection": [b"keep-alive"]},
+    ),
+    OmsCase("http10-with-length-closes", OK_ANSWER, 200, b"ok", request=GET_10, closed=True),
+]
+
+
+@pytest.mark.parametrize("case", OMS_CASES, ids=lambda c: c.name)
+async def test_oms_answer(serve: Serve, case: OmsCase) -> None:
+    oms, port = await serve([case.answer], **case.config)
+    method = case.request.split(b" ", 1)[0].decode()
+    got = await exchange(port, case.request, [method], answers=1, wait_close=bool(case.closed))
+    if case.cut:
+        assert got.closed, "a cut answer must end in a closed connection"
+        assert [a.status for a in got.answers if a.status >= 200] == [], (
+            f"the answer must not look complete: {got.answers}"
+        )
+        assert got.rest.split(b"\r\n", 1)[0].split(b" ")[1] == str(case.status).encode()
+        return
+    finals = [a for a in got.answers if a.status >= 200]
+    assert [a.status for a in finals] == [case.status], got
+    assert [a.status for a in got.answers if a.status < 200] == case.interim
+    answer = finals[0]
+    assert answer.status_line.startswith(b"HTTP/1.")
+    if case.body is not None:
+        assert answer.body == case.body
+    for name, values in case.headers.items():
+        assert answer.header(name) == values, (name, answer.headers)
+    if case.closed is not None:
+        assert got.closed == case.closed
