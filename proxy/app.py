@@ -216,6 +216,8 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
         read_timeout=config.oms.first_byte_timeout_seconds,
         max_connections=config.oms.max_connections,
         chunk=config.server.read_chunk_bytes,
+        max_head_bytes=config.oms.max_answer_head_bytes,
+        max_headers=config.oms.max_answer_headers,
     )
     app[UPSTREAM] = upstream
     kube: KubeClient | None = None

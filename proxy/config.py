@@ -180,6 +180,17 @@ class OmsConfig:
             "pool of the same size); 0 means no limit."
         ),
     )
+    max_answer_head_bytes: int = dataclasses.field(
+        default=65536,
+        metadata=_doc(
+            "Largest head (status line and header lines, 1xx answers included) of an oms answer "
+            "the pass-through takes; past it: 502 at once, nothing more of it buffered."
+        ),
+    )
+    max_answer_headers: int = dataclasses.field(
+        default=100,
+        metadata=_doc("Most header lines in an oms answer the pass-through takes; past it: 502."),
+    )
     model_cache_seconds: float = dataclasses.field(
         default=30.0,
         metadata=_doc("How long a model looked up in oms for a run request is remembered."),
@@ -490,6 +501,8 @@ def _check(config: Config) -> None:
     need(o.connect_timeout_seconds > 0, "oms.connect_timeout_seconds", "expected > 0")
     need(o.first_byte_timeout_seconds > 0, "oms.first_byte_timeout_seconds", "expected > 0")
     need(o.max_connections >= 0, "oms.max_connections", "expected >= 0 (0: no limit)")
+    need(o.max_answer_head_bytes >= 1024, "oms.max_answer_head_bytes", "expected >= 1024")
+    need(o.max_answer_headers >= 1, "oms.max_answer_headers", "expected >= 1")
     need(o.model_cache_seconds >= 0, "oms.model_cache_seconds", "expected >= 0")
     need(
         _DNS1123_LABEL.match(k.namespace) is not None and len(k.namespace) <= 63,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+import typing
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 from aiohttp import HttpVersion11, web
@@ -180,12 +181,67 @@ def _upstream_error(e: UpstreamError) -> ProxyError:
     return UpstreamUnavailable(f"oms broke the exchange: {e}")
 
 
+def encode_head(status_line: str, headers: Iterable[tuple[str, str]]) -> bytes:
+    """An answer's head as bytes, header values exactly as oms sent them.
+
+    Values that were not UTF-8 are held with surrogate escapes (proxy.upstream) and come out
+    as their original bytes; aiohttp's own serialiser writes UTF-8 only and drops them.
+    """
+    lines = [status_line, *(f"{name}: {value}" for name, value in headers), "", ""]
+    text = "\r\n".join(lines)
+    breaks = len(lines) - 1  # every line ends in CRLF; any other CR or LF would split one
+    if text.count("\n") != breaks or text.count("\r") != breaks:
+        raise ValueError("line break in an answer head")
+    return text.encode("utf-8", "surrogateescape")
+
+
+class _RawHead:
+    """Mixin for answers with header bytes that are not UTF-8: the head is written as is."""
+
+    async def _write_headers(self) -> None:
+        response = typing.cast(web.StreamResponse, self)
+        request = response._req
+        assert request is not None
+        assert request.transport is not None
+        version = request.version
+        status = f"HTTP/{version.major}.{version.minor} {response.status} {response.reason}"
+        request.transport.write(encode_head(status, response.headers.items()))
+
+
+class _RawHeadResponse(_RawHead, web.Response):
+    pass
+
+
+class _RawHeadStreamResponse(_RawHead, web.StreamResponse):
+    pass
+
+
+def _relay_interim(request: web.Request, upstream: Response) -> None:
+    """oms's 1xx answers (102, 103, ...) go to the client first, if it speaks HTTP/1.1.
+
+    RFC 9110 §15.2: a proxy forwards 1xx answers, and never sends one to an HTTP/1.0 client.
+    """
+    if request.version < HttpVersion11 or request.transport is None:
+        return
+    out = b"".join(
+        encode_head(
+            f"HTTP/1.1 {i.status} {i.reason.decode('utf-8', 'surrogateescape')}",
+            hdr.downstream_response_headers(CIMultiDict(i.headers)).items(),
+        )
+        for i in upstream.interim
+    )
+    request.transport.write(out)
+
+
 async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.StreamResponse:
     resp_headers = hdr.downstream_response_headers(upstream.headers)
     if hdr.REQUEST_ID not in resp_headers:
         resp_headers[hdr.REQUEST_ID] = request_id(request)
     no_body = hdr.has_no_body(request.method, upstream.status)
     length = upstream.content_length
+    if upstream.interim:
+        _relay_interim(request, upstream)
+    raw = upstream.raw_bytes
 
     if not no_body and length is not None and length <= SMALL_BODY:
         try:
@@ -196,11 +252,11 @@ async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.St
             raise UpstreamUnavailable(f"oms broke the exchange: {e}") from e
         upstream.release()  # the connection can serve another request while this one is sent
         resp_headers.popall("Content-Length", None)
-        return web.Response(
+        return (_RawHeadResponse if raw else web.Response)(
             status=upstream.status, reason=upstream.reason, headers=resp_headers, body=payload
         )
 
-    response = web.StreamResponse(
+    response = (_RawHeadStreamResponse if raw else web.StreamResponse)(
         status=upstream.status, reason=upstream.reason, headers=resp_headers
     )
     if no_body:
