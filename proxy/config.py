@@ -135,6 +135,20 @@ class ServerConfig:
             "per stream; uploads go on in the pieces they arrive in."
         ),
     )
+    max_request_target_bytes: int = dataclasses.field(
+        default=8190,
+        metadata=_doc("Longest request target (path and query) a client may send; past it: 414."),
+    )
+    max_header_bytes: int = dataclasses.field(
+        default=8190,
+        metadata=_doc(
+            "Longest request header line (name and value) a client may send; past it: 431."
+        ),
+    )
+    max_headers: int = dataclasses.field(
+        default=128,
+        metadata=_doc("Most header lines in a client's request; past it: 431."),
+    )
     identity_header: str = dataclasses.field(
         default="",
         metadata=_doc(
@@ -472,6 +486,9 @@ def _check(config: Config) -> None:
         s.client_header_timeout_seconds > 0, "server.client_header_timeout_seconds", "expected > 0"
     )
     need(s.client_body_timeout_seconds > 0, "server.client_body_timeout_seconds", "expected > 0")
+    for key in ("max_request_target_bytes", "max_header_bytes"):
+        need(getattr(s, key) >= 256, f"server.{key}", "expected >= 256")
+    need(s.max_headers >= 1, "server.max_headers", "expected >= 1")
     need(4096 <= s.read_chunk_bytes <= 16 << 20, "server.read_chunk_bytes", "expected 4096..16 MiB")
     need(
         s.event_loop != "uvloop" or importlib.util.find_spec("uvloop") is not None,

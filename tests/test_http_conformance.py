@@ -629,3 +629,275 @@ async def test_oms_answer(serve: Serve, case: OmsCase) -> None:
         assert answer.header(name) == values, (name, answer.headers)
     if case.closed is not None:
         assert got.closed == case.closed
+
+
+# --- client side: an unusual request, a plain oms ----------------------------------------
+
+
+@dataclasses.dataclass
+class ClientCase:
+    """The client sends ``sent``; it must get ``statuses`` in order (1xx left out).
+
+    ``methods``: of the requests answered, for the framing of their answers; ``oms``: how many
+    requests oms must receive, and ``oms_has``/``oms_lacks``: bytes each of them must (not)
+    contain; ``closed``: whether the proxy must close the connection after the last answer
+    (None: not checked); ``version``: the status line of every answer starts with it.
+    """
+
+    name: str
+    sent: bytes | list[bytes]
+    statuses: list[int]
+    oms: int
+    closed: bool | None = None
+    methods: list[str] = dataclasses.field(default_factory=list)
+    oms_has: list[bytes] = dataclasses.field(default_factory=list)
+    oms_lacks: list[bytes] = dataclasses.field(default_factory=list)
+    version: bytes = b"HTTP/1.1 "
+    interim: list[int] = dataclasses.field(default_factory=list)
+    config: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+def _get(path: str = "/api/x", *head: bytes, version: bytes = b"HTTP/1.1") -> bytes:
+    host = b"Host: proxy\r\n" if version == b"HTTP/1.1" else b""
+    lines = b"".join(h + b"\r\n" for h in head)
+    return b"GET " + path.encode() + b" " + version + b"\r\n" + host + lines + b"\r\n"
+
+
+def _post(body: bytes, *head: bytes) -> bytes:
+    lines = b"".join(h + b"\r\n" for h in head)
+    return b"POST /api/up HTTP/1.1\r\nHost: proxy\r\n" + lines + b"\r\n" + body
+
+
+CLIENT_CASES = [
+    # Pipelining (RFC 9112 §9.3.2): answers in order; what follows a last request is not read.
+    ClientCase("pipelined-two", _get() + _get("/api/y"), [200, 200], 2),
+    ClientCase(
+        "pipelined-head-then-get",
+        b"HEAD /api/x HTTP/1.1\r\nHost: proxy\r\n\r\n" + _get(),
+        [200, 200],
+        2,
+        methods=["HEAD", "GET"],
+    ),
+    ClientCase(
+        "pipelined-valid-then-garbage", _get() + b"\x16\x03\x01garbage\r\n\r\n", [200, 400], 1
+    ),
+    ClientCase(
+        "pipelined-after-connection-close",
+        _get("/api/x", b"Connection: close") + _get("/api/y"),
+        [200],
+        1,
+        closed=True,
+    ),
+    ClientCase(
+        "pipelined-after-http10",
+        _get(version=b"HTTP/1.0") + _get("/api/y"),
+        [200],
+        1,
+        closed=True,
+        version=b"HTTP/1.",
+    ),
+    ClientCase(
+        "pipelined-after-http10-keepalive",
+        _get("/api/x", b"Connection: keep-alive", version=b"HTTP/1.0") + _get("/api/y"),
+        [200, 200],
+        2,
+        version=b"HTTP/1.",
+    ),
+    ClientCase(
+        "pipelined-post-then-get",
+        _post(b"hello", b"Content-Length: 5") + _get(),
+        [200, 200],
+        2,
+        oms_has=[b""],
+    ),
+    ClientCase(
+        "connection-close-answered-and-closed",
+        _get("/api/x", b"Connection: close"),
+        [200],
+        1,
+        closed=True,
+    ),
+    # Versions (RFC 9110 §2.5, §6.2): 1.x only; the answer's status line is always HTTP/1.1.
+    ClientCase("version-2.0", _get(version=b"HTTP/2.0"), [505], 0, closed=True),
+    ClientCase("version-3.0", _get(version=b"HTTP/3.0"), [505], 0, closed=True),
+    ClientCase("version-0.9", b"GET /api/x\r\n\r\n", [400], 0, closed=True),
+    ClientCase("version-garbage", b"GET /api/x HTTP/x.y\r\nHost: p\r\n\r\n", [400], 0, closed=True),
+    ClientCase(
+        "version-lower-case", b"GET /api/x http/1.1\r\nHost: p\r\n\r\n", [400], 0, closed=True
+    ),
+    # Request line and head limits (server.max_request_target_bytes, server.max_header_bytes,
+    # server.max_headers): 414 for a long target, 431 for long or too many header lines.
+    ClientCase("target-over-limit", _get("/" + "a" * 9000), [414], 0, closed=True),
+    ClientCase("target-under-limit", _get("/" + "a" * 8000), [200], 1),
+    ClientCase(
+        "target-over-configured-limit",
+        _get("/" + "a" * 3000),
+        [414],
+        0,
+        closed=True,
+        config={"server": {"max_request_target_bytes": 2048}},
+    ),
+    ClientCase(
+        "header-over-limit", _get("/api/x", b"X-Big: " + b"a" * 9000), [431], 0, closed=True
+    ),
+    ClientCase("header-under-limit", _get("/api/x", b"X-Big: " + b"a" * 8000), [200], 1),
+    ClientCase(
+        "header-count-over-limit",
+        _get("/api/x", *(b"X-H%d: v" % i for i in range(130))),
+        [431],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "header-count-under-limit", _get("/api/x", *(b"X-H%d: v" % i for i in range(90))), [200], 1
+    ),
+    # Framing of the request (RFC 9112 §6.3): ambiguity is 400 and the connection closed.
+    ClientCase(
+        "te-and-content-length",
+        _post(chunked(b"hello"), b"Content-Length: 5", b"Transfer-Encoding: chunked"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "te-final-not-chunked",
+        _post(b"hello", b"Transfer-Encoding: chunked, identity"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "te-unknown-coding",
+        _post(chunked(b"hello"), b"Transfer-Encoding: gzip, chunked"),
+        [501],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "te-two-lines-chunked",
+        _post(chunked(b"hello"), b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "te-upper-case-chunked",
+        _post(chunked(b"hello"), b"Transfer-Encoding: CHUNKED"),
+        [200],
+        1,
+        oms_has=[b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+    ),
+    ClientCase(
+        "te-bad-chunk-size",
+        _post(b"zz\r\nhello\r\n0\r\n\r\n", b"Transfer-Encoding: chunked"),
+        [400],
+        0,
+    ),
+    ClientCase(
+        "cl-duplicate-same",
+        _post(b"hello", b"Content-Length: 5", b"Content-Length: 5"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "cl-conflicting",
+        _post(b"hello", b"Content-Length: 5", b"Content-Length: 3"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase("cl-list", _post(b"hello", b"Content-Length: 5, 5"), [400], 0, closed=True),
+    ClientCase("cl-negative", _post(b"hello", b"Content-Length: -5"), [400], 0, closed=True),
+    ClientCase(
+        "cl-body-forwarded",
+        _post(b"hello", b"Content-Length: 5"),
+        [200],
+        1,
+        oms_has=[b"Content-Length: 5\r\n", b"\r\n\r\nhello"],
+    ),
+    # The head (RFC 9112 §2.2, §5): strict; obs-fold, bare CR, NUL and CTL are 400.
+    ClientCase("head-obs-fold", _get("/api/x", b"X-A: one", b" two"), [400], 0, closed=True),
+    ClientCase("head-nul-in-value", _get("/api/x", b"X-A: a\x00b"), [400], 0, closed=True),
+    ClientCase("head-ctl-in-value", _get("/api/x", b"X-A: a\x01b"), [400], 0, closed=True),
+    ClientCase("head-bare-cr", _get("/api/x", b"X-A: a\rb"), [400], 0, closed=True),
+    ClientCase("head-space-before-colon", _get("/api/x", b"X-A : b"), [400], 0, closed=True),
+    ClientCase("head-no-host", b"GET /api/x HTTP/1.1\r\n\r\n", [400], 0, closed=True),
+    ClientCase(
+        "head-bare-lf",
+        b"GET /api/x HTTP/1.1\nHost: proxy\n\n",
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "head-latin1-value-forwarded-unchanged",
+        _get("/api/x", b"X-Name: caf\xe9"),
+        [200],
+        1,
+        oms_has=[b"X-Name: caf\xe9\r\n"],
+    ),
+    ClientCase(
+        "absolute-form-target",
+        b"GET http://elsewhere.example/api/x?q=1 HTTP/1.1\r\nHost: elsewhere.example\r\n\r\n",
+        [200],
+        1,
+        oms_has=[b"GET /api/x?q=1 HTTP/1.1\r\n"],
+    ),
+    # Upgrade (RFC 9110 §7.8): the pass-through never switches protocols; the request is
+    # answered as a plain one (Upgrade is hop-by-hop: not sent to oms) and the connection
+    # goes on with the requests that follow.
+    ClientCase(
+        "upgrade-with-body-then-pipelined",
+        _post(b"hello", b"Connection: Upgrade", b"Upgrade: foo/1", b"Content-Length: 5")
+        + _get("/api/y"),
+        [200, 200],
+        2,
+        oms_lacks=[b"Upgrade"],
+    ),
+    ClientCase(
+        "upgrade-websocket-then-pipelined",
+        _get(
+            "/api/x",
+            b"Connection: Upgrade",
+            b"Upgrade: websocket",
+            b"Sec-WebSocket-Version: 13",
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        )
+        + _get("/api/y"),
+        [200, 200],
+        2,
+        oms_lacks=[b"Upgrade", b"upgrade"],
+    ),
+    # Expect: 100-continue (RFC 9110 §10.1.1): answered by the proxy, not sent to oms.
+    ClientCase(
+        "expect-100-continue",
+        [_post(b"", b"Content-Length: 5", b"Expect: 100-continue"), b"hello"],
+        [200],
+        1,
+        interim=[100],
+        oms_has=[b"\r\n\r\nhello"],
+        oms_lacks=[b"Expect", b"expect"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CLIENT_CASES, ids=lambda c: c.name)
+async def test_client_request(serve: Serve, case: ClientCase) -> None:
+    oms, port = await serve([OK_ANSWER], **case.config)
+    methods = case.methods or ["GET"] * len(case.statuses)
+    got = await exchange(
+        port, case.sent, methods, answers=len(case.statuses), wait_close=bool(case.closed)
+    )
+    assert [a.status for a in got.answers if a.status >= 200] == case.statuses, got
+    assert [a.status for a in got.answers if a.status < 200] == case.interim
+    for answer in got.answers:
+        assert answer.status_line.startswith(case.version), answer.status_line
+    assert len(oms.requests) == case.oms, oms.requests
+    for request in oms.requests:
+        for part in case.oms_has:
+            assert part in request, (part, request)
+        for part in case.oms_lacks:
+            assert part not in request, (part, request)
+    if case.closed is not None:
+        assert got.closed == case.closed
