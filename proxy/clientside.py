@@ -13,9 +13,11 @@ client connection, corrects it; everything else is aiohttp's:
 - A request line over ``server.max_request_line_bytes`` is 414, a header line over
   ``server.max_header_bytes`` or more than ``server.max_headers`` of them 431 (RFC 9110
   §15.5.15, RFC 6585 §5; aiohttp: 400); HTTP/2 and later in a request line are 505, HTTP/0.9
-  (no version) 400; a higher 1.x minor version is served as HTTP/1.1.
-- A transfer coding other than ``chunked`` is 501, ``chunked`` twice or not last is 400 (RFC
-  9112 §6.1, §6.3; aiohttp decodes the chunks and passes the rest on as if it were plain).
+  (no version) 400; a higher 1.x minor version is served as HTTP/1.1. A well-formed method that
+  llhttp does not know, and CONNECT (this is no forward proxy), are 501 (RFC 9110 §9.1).
+- A transfer coding other than ``chunked`` is 501, ``chunked`` twice or not last is 400, and so
+  is Transfer-Encoding in an HTTP/1.0 request (RFC 9112 §6.1, §6.3; aiohttp decodes the chunks
+  and passes the rest on as if it were plain).
 - A request with ``Upgrade`` is served as a plain one (the pass-through never switches
   protocols; Upgrade is hop-by-hop). aiohttp's parser, after such a request with a body, drops
   the rest of its read: requests pipelined behind it were never answered. They are parsed
@@ -36,12 +38,15 @@ from typing import Any
 
 from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.http import HttpRequestParser
-from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, HttpProcessingError, LineTooLong
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 # A request line of HTTP/2 or later (refused with 505, not 400).
 _LATER_VERSION = re.compile(rb"[!-~]+ [!-~]+ HTTP/[2-9]\.[0-9]\r?\n")
+
+# A request line that starts with a well-formed method token (RFC 9110 §9.1, §5.6.2).
+_TOKEN_METHOD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ ")
 
 _Message = tuple[Any, StreamReader]  # (RawRequestMessage | _ErrInfo, payload)
 _Fed = tuple[Sequence[_Message], bool, bytes]
@@ -141,7 +146,11 @@ class _GuardedParser:
             return _error(505, BadHttpMessage(f"HTTP/{version.major} is not supported here"))
         if version < HttpVersion10:
             return _error(400, BadHttpMessage("HTTP/1.0 or HTTP/1.1 expected"))
+        if message.method == "CONNECT":
+            return _error(501, BadHttpMessage("CONNECT is not served: this is no forward proxy"))
         codings = _transfer_codings(message)
+        if codings and version == HttpVersion10:  # RFC 9112 §6.1: faulty framing
+            return _error(400, BadHttpMessage("Transfer-Encoding in an HTTP/1.0 request"))
         if codings and codings != ["chunked"]:
             if codings[-1] != "chunked" or codings.count("chunked") > 1:
                 return _error(400, BadHttpMessage("chunked must be the last transfer coding"))
@@ -164,24 +173,27 @@ class _GuardedParser:
 
     def _failed(self, data: bytes, exc: HttpProcessingError, idle: bool) -> list[_Message]:
         """The requests whole before the error (when the read began one), then its answer."""
-        good = self._whole_before_error(data) if idle else []
+        good, at = self._whole_before_error(data) if idle else ([], 0)
         if good:
             last = good[-1][0]
             if isinstance(last, _ErrInfo) or last.should_close:
                 return good  # the connection ends after that request: what follows is not read
-        return [*good, _error(self._status(exc, data), exc)]
+        line = data.rfind(b"\n", 0, at) + 1  # the line the error is in
+        return [*good, _error(self._status(exc, data[line:]), exc)]
 
     def _status(self, exc: HttpProcessingError, data: bytes) -> int:
         if isinstance(exc, LineTooLong):
             return 414 if _is_request_line(data, _as_bytes(exc.args[0])) else 431
         if exc.message == "Too many headers received":
             return 431
+        if isinstance(exc, BadHttpMethod) and _TOKEN_METHOD.match(data.lstrip(b"\r\n")):
+            return 501  # a well-formed method llhttp does not know (RFC 9110 §9.1)
         if "Invalid HTTP version" in exc.message and _LATER_VERSION.match(data.lstrip(b"\r\n")):
             return 505  # llhttp knows no 3.0 and later; 2.0 parses, and is refused in _refusal
         return 400
 
-    def _whole_before_error(self, data: bytes) -> list[_Message]:
-        """The whole requests at the start of ``data``, parsed again up to the error."""
+    def _whole_before_error(self, data: bytes) -> tuple[list[_Message], int]:
+        """The whole requests at the start of ``data``, parsed again, and where the error is."""
         lo, hi = 0, len(data)  # a prefix of lo bytes parses, one of hi bytes fails
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -192,14 +204,14 @@ class _GuardedParser:
             else:
                 lo = mid
         if lo == 0:
-            return []
+            return [], 0
         messages, _, _ = self._conn.new_parser().feed_data(data[:lo])
         whole = []
         for message, payload in messages:
             if not payload.is_eof():
                 break  # cut by the error: not served
             whole.append((message, payload))
-        return self._checked(whole)
+        return self._checked(whole), lo
 
 
 def _as_bytes(line: object) -> bytes:

@@ -631,6 +631,47 @@ async def test_oms_answer(serve: Serve, case: OmsCase) -> None:
         assert got.closed == case.closed
 
 
+# Pool hygiene: a connection to oms is used again only after a whole, clean exchange that both
+# sides keep alive (RFC 9112 §9.3); (name, oms's answer, the client's status, reused).
+REUSE_CASES = [
+    ("clean", OK_ANSWER, 200, True),
+    (
+        "connection-close",
+        Answer(_ok(b"ok", b"Content-Length: 2", b"Connection: close")),
+        200,
+        False,
+    ),
+    ("http10-answer", Answer(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"), 200, False),
+    (
+        "http10-answer-keep-alive",
+        Answer(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"),
+        200,
+        True,
+    ),
+    ("chunked", Answer(_ok(chunked(b"ok"), b"Transfer-Encoding: chunked")), 200, True),
+    ("bytes-after-the-answer", Answer(OK_ANSWER.data + b"HTTP/1.1 200 OK\r\n\r\n"), 200, False),
+    ("longer-than-announced", Answer(_ok(b"okay", b"Content-Length: 2")), 200, False),
+    ("interim-then-final", Answer(b"HTTP/1.1 103 Early Hints\r\n\r\n" + OK_ANSWER.data), 200, True),
+    ("malformed", Answer(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\nok"), 502, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "reused"),
+    [pytest.param(a, s, r, id=n) for n, a, s, r in REUSE_CASES],
+)
+async def test_oms_connection_reuse(
+    serve: Serve, answer: Answer, status: int, reused: bool
+) -> None:
+    oms, port = await serve([answer])
+    for path in ("/api/x", "/api/y"):  # one after the other, each from a new client connection
+        got = await exchange(port, _get(path), ["GET"], answers=1)
+        assert [a.status for a in got.answers if a.status >= 200] == [status], got
+        await asyncio.sleep(0.05)  # a close by oms reaches the pool before the next request
+    assert len(oms.requests) == 2
+    assert oms.connections == (1 if reused else 2)
+
+
 # --- client side: an unusual request, a plain oms ----------------------------------------
 
 
@@ -869,6 +910,121 @@ CLIENT_CASES = [
         2,
         oms_lacks=[b"Upgrade", b"upgrade"],
     ),
+    ClientCase(
+        "upgrade-h2c-then-pipelined",
+        _get(
+            "/api/x",
+            b"Connection: Upgrade, HTTP2-Settings",
+            b"Upgrade: h2c",
+            b"HTTP2-Settings: AAMAAABkAAQAAP__",
+        )
+        + _get("/api/y"),
+        [200, 200],
+        2,
+        oms_lacks=[b"Upgrade", b"HTTP2-Settings"],
+    ),
+    # Methods (RFC 9110 §9.1): unknown to the parser, or CONNECT (no forward proxy): 501.
+    ClientCase("method-unknown", b"FOO /api/x HTTP/1.1\r\nHost: p\r\n\r\n", [501], 0, closed=True),
+    ClientCase(
+        "method-lower-case", b"get /api/x HTTP/1.1\r\nHost: p\r\n\r\n", [501], 0, closed=True
+    ),
+    ClientCase(
+        "method-connect",
+        b"CONNECT oms:443 HTTP/1.1\r\nHost: oms:443\r\n\r\n",
+        [501],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "method-not-a-token", b"G(T /api/x HTTP/1.1\r\nHost: p\r\n\r\n", [400], 0, closed=True
+    ),
+    # More of the request line and head.
+    ClientCase("target-with-space", b"GET /a b HTTP/1.1\r\nHost: p\r\n\r\n", [400], 0, closed=True),
+    ClientCase(
+        "target-fragment-not-sent",
+        _get("/api/x?q=1#frag"),
+        [200],
+        1,
+        oms_has=[b"GET /api/x?q=1 HTTP/1.1\r\n"],
+    ),
+    ClientCase(
+        "head-space-before-first-line",
+        b"GET /api/x HTTP/1.1\r\n Host: p\r\n\r\n",
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase("head-two-hosts", _get("/api/x", b"Host: other"), [400], 0, closed=True),
+    ClientCase("head-bad-name-char", _get("/api/x", b"X(A): b"), [400], 0, closed=True),
+    ClientCase("head-leading-empty-line", b"\r\n" + _get(), [200], 1),
+    ClientCase(
+        "http10-transfer-encoding",
+        b"POST /api/up HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(b"hello"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "chunked-extension-and-trailer",
+        _post(b"5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n", b"Transfer-Encoding: chunked"),
+        [200],
+        1,
+        oms_has=[b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+        oms_lacks=[b"ext=1", b"X-T"],
+    ),
+    ClientCase(
+        "chunked-bare-lf",
+        _post(b"5\nhello\n0\n\n", b"Transfer-Encoding: chunked"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "chunked-size-trailing-space",
+        _post(b"5 \r\nhello\r\n0\r\n\r\n", b"Transfer-Encoding: chunked"),
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "cl-leading-zeros",
+        _post(b"hello", b"Content-Length: 005"),
+        [200],
+        1,
+        oms_has=[b"Content-Length: 5\r\n", b"\r\n\r\nhello"],
+    ),
+    # Pipelining and the read boundaries: what was split over reads is never re-parsed from a
+    # guess (a header line must not become a request: no smuggling).
+    ClientCase(
+        "split-read-no-smuggled-request",
+        [b"GET /api/x HTTP/1.1\r\nHost: p\r\nX-A: a", b"\r\nGET /evil HTTP/1.1\r\nHost: p\r\n\r\n"],
+        [400],
+        0,
+        closed=True,
+    ),
+    ClientCase(
+        "pipelined-post-get-then-garbage",
+        _post(b"hello", b"Content-Length: 5") + _get("/api/y") + b"BAD\x00\r\n\r\n",
+        [200, 200, 400],
+        2,
+        closed=True,
+    ),
+    ClientCase(
+        "pipelined-valid-then-bad-chunked",
+        _get() + _post(b"5\r\nhello\r\nzz\r\n", b"Transfer-Encoding: chunked"),
+        [200, 400],
+        1,
+        closed=True,
+    ),
+    ClientCase("pipelined-twenty", _get() * 20, [200] * 20, 20),
+    ClientCase(
+        "pipelined-valid-then-too-long-target",
+        _get() + _get("/" + "a" * 9000),
+        [200, 414],
+        1,
+        closed=True,
+    ),
+    ClientCase("expect-unknown", _get("/api/x", b"Expect: foo"), [417], 0),
     # Expect: 100-continue (RFC 9110 §10.1.1): answered by the proxy, not sent to oms.
     ClientCase(
         "expect-100-continue",
