@@ -28,9 +28,14 @@ An exchange, on one :class:`_Conn` (an ``asyncio.Protocol``):
   parsed, is queued as read from the socket, only counted (llhttp would copy it once more).
   Past ``chunk`` bytes queued, the socket stops being read until the consumer catches up,
   so a download never piles up either. Nothing is decompressed.
-- header names and values are passed with their exact bytes (values decoded as aiohttp's server
-  decodes them, UTF-8 with surrogate escapes, and encoded back the same way), in their order,
-  repeated ones included.
+- header names and values are passed with their exact bytes (values decoded as UTF-8, with
+  surrogate escapes for bytes that are not, which :func:`proxy.passthrough.encode_head` writes
+  back as they came), in their order, repeated ones included.
+- the head is bounded (``max_head_bytes``, ``max_headers``) and framed as RFC 9112 says:
+  Transfer-Encoding is one list over all its field lines and only ``chunked`` is decoded; a status
+  outside 100-599, a 1xx with a body or a 101 fail the exchange; other 1xx answers (but 100,
+  which answers an Expect the proxy's own server handles) are kept for the caller to relay
+  (:attr:`Response.interim`).
 
 Connections are kept alive and reused, most recently used first, only when the previous exchange
 ended cleanly: the whole answer received, keep-alive on both sides, nothing unexpected received
