@@ -42,6 +42,8 @@ from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, HttpProcessin
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
+from proxy import headers as hdr
+
 # A request line of HTTP/2 or later (refused with 505, not 400).
 _LATER_VERSION = re.compile(rb"[!-~]+ [!-~]+ HTTP/[2-9]\.[0-9]\r?\n")
 
@@ -59,12 +61,8 @@ class _Http11Error(web.Response):
         request = self._req
         assert request is not None
         assert request.transport is not None
-        status_line = f"HTTP/1.1 {self.status} {self.reason}\r\n"
-        head = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
-        text = status_line + head + "\r\n"
-        if text.count("\n") != len(self.headers) + 2 or text.count("\r") != len(self.headers) + 2:
-            raise ValueError("line break in an error answer's head")
-        request.transport.write(text.encode())
+        status_line = f"HTTP/1.1 {self.status} {self.reason}"
+        request.transport.write(hdr.encode_head(status_line, self.headers.items()))
 
 
 def _error(status: int, exc: HttpProcessingError) -> _Message:

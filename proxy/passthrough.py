@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import typing
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import HttpVersion11, web
@@ -181,20 +181,6 @@ def _upstream_error(e: UpstreamError) -> ProxyError:
     return UpstreamUnavailable(f"oms broke the exchange: {e}")
 
 
-def encode_head(status_line: str, headers: Iterable[tuple[str, str]]) -> bytes:
-    """An answer's head as bytes, header values exactly as oms sent them.
-
-    Values that were not UTF-8 are held with surrogate escapes (proxy.upstream) and come out
-    as their original bytes; aiohttp's own serialiser writes UTF-8 only and drops them.
-    """
-    lines = [status_line, *(f"{name}: {value}" for name, value in headers), "", ""]
-    text = "\r\n".join(lines)
-    breaks = len(lines) - 1  # every line ends in CRLF; any other CR or LF would split one
-    if text.count("\n") != breaks or text.count("\r") != breaks:
-        raise ValueError("line break in an answer head")
-    return text.encode("utf-8", "surrogateescape")
-
-
 class _RawHead:
     """Mixin for answers with header bytes that are not UTF-8: the head is written as is."""
 
@@ -205,7 +191,7 @@ class _RawHead:
         assert request.transport is not None
         version = request.version
         status = f"HTTP/{version.major}.{version.minor} {response.status} {response.reason}"
-        request.transport.write(encode_head(status, response.headers.items()))
+        request.transport.write(hdr.encode_head(status, response.headers.items()))
 
 
 class _RawHeadResponse(_RawHead, web.Response):
@@ -224,7 +210,7 @@ def _relay_interim(request: web.Request, upstream: Response) -> None:
     if request.version < HttpVersion11 or request.transport is None:
         return
     out = b"".join(
-        encode_head(
+        hdr.encode_head(
             f"HTTP/1.1 {i.status} {i.reason.decode('utf-8', 'surrogateescape')}",
             hdr.downstream_response_headers(CIMultiDict(i.headers)).items(),
         )

@@ -29,7 +29,7 @@ An exchange, on one :class:`_Conn` (an ``asyncio.Protocol``):
   Past ``chunk`` bytes queued, the socket stops being read until the consumer catches up,
   so a download never piles up either. Nothing is decompressed.
 - header names and values are passed with their exact bytes (values decoded as UTF-8, with
-  surrogate escapes for bytes that are not, which :func:`proxy.passthrough.encode_head` writes
+  surrogate escapes for bytes that are not, which :func:`proxy.headers.encode_head` writes
   back as they came), in their order, repeated ones included.
 - the head is bounded (``max_head_bytes``, ``max_headers``) and framed as RFC 9112 says:
   Transfer-Encoding is one list over all its field lines and only ``chunked`` is decoded; a status
@@ -279,7 +279,7 @@ class _Conn(asyncio.Protocol):
             raise Broken(f"an answer head over {self._max_head} bytes")
         try:
             text = value.decode()
-        except UnicodeDecodeError:  # bytes pass unchanged: see proxy.passthrough.encode_head
+        except UnicodeDecodeError:  # bytes pass unchanged: see proxy.headers.encode_head
             text = value.decode("utf-8", "surrogateescape")
             self.raw_bytes = True
         raw.append((name.decode("latin-1"), text))

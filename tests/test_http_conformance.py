@@ -586,6 +586,11 @@ OMS_CASES = [
         config={"oms": {"max_answer_head_bytes": 1024}},
     ),
     OmsCase(
+        "head-32-mib-header-line",  # refused as it comes, not buffered whole first
+        Answer(_ok(b"ok", b"Content-Length: 2", b"X-Big: " + b"a" * (32 << 20))),
+        502,
+    ),
+    OmsCase(
         "head-under-size-limit",
         Answer(_ok(b"ok", b"Content-Length: 2", b"X-Big: " + b"a" * 60_000)),
         200,
