@@ -1040,6 +1040,23 @@ CLIENT_CASES = [
         oms_has=[b"\r\n\r\nhello"],
         oms_lacks=[b"Expect", b"expect"],
     ),
+    ClientCase(
+        "expect-100-continue-any-case",
+        [_post(b"", b"Content-Length: 5", b"Expect: 100-Continue"), b"hello"],
+        [200],
+        1,
+        interim=[100],
+        oms_has=[b"\r\n\r\nhello"],
+    ),
+    ClientCase(  # RFC 9110 §10.1.1: an HTTP/1.0 client never gets a 1xx
+        "expect-100-continue-http10-ignored",
+        b"POST /api/up HTTP/1.0\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\nhello",
+        [200],
+        1,
+        version=b"HTTP/1.",
+        oms_has=[b"\r\n\r\nhello"],
+        closed=True,
+    ),
 ]
 
 
