@@ -40,7 +40,7 @@ from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.http import HttpRequestParser
 from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, HttpProcessingError, LineTooLong
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
-from aiohttp.web_protocol import RequestHandler, _ErrInfo
+from aiohttp.web_protocol import MAX_MSG_QUEUE_SIZE, RequestHandler, _ErrInfo
 
 from proxy import headers as hdr
 
@@ -91,38 +91,52 @@ class _GuardedParser:
         self._conn = conn
         self._inner = inner
         self._idle = True  # at a message boundary: the next read starts a request
+        self._done = False  # an error answer is queued: nothing more is parsed
+        # Requests given out and not yet taken up: at aiohttp's queue limit its parser keeps
+        # the rest of a read for later, so the read did not end at a boundary.
+        self._queued = 0
 
-    def __getattr__(self, name: str) -> Any:  # feed_eof, set_upgraded, message_consumed ...
+    def __getattr__(self, name: str) -> Any:  # feed_eof, set_upgraded ...
         return getattr(self._inner, name)
 
+    def message_consumed(self) -> None:
+        self._queued = max(0, self._queued - 1)
+        self._inner.message_consumed()
+
     def feed_data(self, data: bytes) -> _Fed:
+        if self._done:
+            return (), False, b""
         idle = self._idle
         try:
             messages, upgraded, tail = self._inner.feed_data(data)
         except HttpProcessingError as exc:
             self._idle = False
+            self._done = True
             return self._failed(data, exc, idle), False, b""
         if not messages:
             if data:
                 self._idle = False
             return messages, upgraded, tail
+        self._queued += len(messages)
         out = self._checked(messages)
         last = out[-1][0]
-        if (
-            not upgraded
-            and not isinstance(last, _ErrInfo)
-            and last.upgrade
-            and not last.should_close
-            and len(messages) == len(out)
-        ):
+        if isinstance(last, _ErrInfo):
+            self._done = True
+            return out, False, b""
+        if not upgraded and last.upgrade and not last.should_close:
             # aiohttp's parser stopped after this request and dropped the rest of ``data``.
             rest = self._after_upgrade(data, last, idle, len(messages))
             if rest is None:
                 out[-1] = (last._replace(should_close=True), out[-1][1])
             elif rest:
+                self._idle = True  # ``rest`` starts right after that request
                 more, upgraded, tail = self.feed_data(rest)
                 return [*out, *more], upgraded, tail
-        self._idle = data.endswith(b"\r\n\r\n") and all(p.is_eof() for _, p in out)
+        self._idle = (
+            self._queued < MAX_MSG_QUEUE_SIZE
+            and data.endswith(b"\r\n\r\n")
+            and all(p.is_eof() for _, p in out)
+        )
         return out, upgraded, tail
 
     def _checked(self, messages: Sequence[_Message]) -> list[_Message]:

@@ -1022,6 +1022,14 @@ CLIENT_CASES = [
         closed=True,
     ),
     ClientCase("pipelined-twenty", _get() * 20, [200] * 20, 20),
+    ClientCase("pipelined-forty", _get() * 40, [200] * 40, 40),  # past aiohttp's queue of 32
+    ClientCase(
+        "pipelined-forty-then-garbage",  # the read is parsed in two goes: no recovery in the 2nd
+        _get() * 40 + b"BAD\x00\r\n\r\n",
+        [200] * 32 + [400],
+        32,
+        closed=True,
+    ),
     ClientCase(
         "pipelined-valid-then-too-long-target",
         _get() + _get("/" + "a" * 9000),
