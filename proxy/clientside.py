@@ -127,20 +127,29 @@ class _GuardedParser:
             # aiohttp's parser stopped after this request and dropped the rest of ``data``.
             rest = self._after_upgrade(data, last, idle, len(messages))
             if rest is None:
-                out[-1] = (last._replace(should_close=True), out[-1][1])
+                out = [*out[:-1], (last._replace(should_close=True), out[-1][1])]
             elif rest:
                 self._idle = True  # ``rest`` starts right after that request
                 more, upgraded, tail = self.feed_data(rest)
                 return [*out, *more], upgraded, tail
+        # A request begins only once the one before is whole: the last one tells for all.
         self._idle = (
-            self._queued < MAX_MSG_QUEUE_SIZE
-            and data.endswith(b"\r\n\r\n")
-            and all(p.is_eof() for _, p in out)
+            self._queued < MAX_MSG_QUEUE_SIZE and data.endswith(b"\r\n\r\n") and out[-1][1].is_eof()
         )
         return out, upgraded, tail
 
-    def _checked(self, messages: Sequence[_Message]) -> list[_Message]:
+    def _checked(self, messages: Sequence[_Message]) -> Sequence[_Message]:
         """The messages up to the first one refused (which becomes its error answer)."""
+        for message, _ in messages:  # the usual case, kept cheap: nothing to change
+            version = message.version
+            if (
+                message.chunked
+                or message.method == "CONNECT"
+                or (version != HttpVersion11 and version != HttpVersion10)
+            ):
+                break
+        else:
+            return messages
         out: list[_Message] = []
         for message, payload in messages:
             refused = self._refusal(message)
@@ -160,7 +169,8 @@ class _GuardedParser:
             return _error(400, BadHttpMessage("HTTP/1.0 or HTTP/1.1 expected"))
         if message.method == "CONNECT":
             return _error(501, BadHttpMessage("CONNECT is not served: this is no forward proxy"))
-        codings = _transfer_codings(message)
+        # Transfer-Encoding without chunked last is refused by llhttp itself.
+        codings = _transfer_codings(message) if message.chunked else []
         if codings and version == HttpVersion10:  # RFC 9112 §6.1: faulty framing
             return _error(400, BadHttpMessage("Transfer-Encoding in an HTTP/1.0 request"))
         if codings and codings != ["chunked"]:
@@ -223,7 +233,7 @@ class _GuardedParser:
             if not payload.is_eof():
                 break  # cut by the error: not served
             whole.append((message, payload))
-        return self._checked(whole), lo
+        return list(self._checked(whole)), lo
 
 
 def _as_bytes(line: object) -> bytes:

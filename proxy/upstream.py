@@ -271,21 +271,22 @@ class _Conn(asyncio.Protocol):
         self.head_bytes += len(status) + 15  # "HTTP/1.1 200 " and CRLF
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        raw = self._raw
-        if len(raw) >= self._max_headers:
-            raise Broken(f"an answer with more than {self._max_headers} header lines")
-        self.head_bytes += len(name) + len(value) + 4  # ": " and CRLF
-        if self.head_bytes > self._max_head:
-            raise Broken(f"an answer head over {self._max_head} bytes")
+        # The limits are checked at the head's end: what one read brings is bounded before
+        # (data_received), so only a head that came in one read can be over them here.
+        self.head_bytes += len(name) + len(value)
         try:
             text = value.decode()
         except UnicodeDecodeError:  # bytes pass unchanged: see proxy.headers.encode_head
             text = value.decode("utf-8", "surrogateescape")
             self.raw_bytes = True
-        raw.append((name.decode("latin-1"), text))
+        self._raw.append((name.decode("latin-1"), text))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        if len(self._raw) > self._max_headers:
+            raise Broken(f"an answer with more than {self._max_headers} header lines")
+        if self.head_bytes + 4 * len(self._raw) > self._max_head:  # ": " and CRLF per line
+            raise Broken(f"an answer head over {self._max_head} bytes")
         if not 100 <= status <= 599:  # RFC 9110 §15: three digits, 100 to 599
             raise Broken(f"an answer with status {status:03d}, which is no HTTP status")
         if status < 200:
