@@ -28,9 +28,14 @@ An exchange, on one :class:`_Conn` (an ``asyncio.Protocol``):
   parsed, is queued as read from the socket, only counted (llhttp would copy it once more).
   Past ``chunk`` bytes queued, the socket stops being read until the consumer catches up,
   so a download never piles up either. Nothing is decompressed.
-- header names and values are passed with their exact bytes (values decoded as aiohttp's server
-  decodes them, UTF-8 with surrogate escapes, and encoded back the same way), in their order,
-  repeated ones included.
+- header names and values are passed with their exact bytes (values decoded as UTF-8, with
+  surrogate escapes for bytes that are not, which :func:`proxy.headers.encode_head` writes
+  back as they came), in their order, repeated ones included.
+- the head is bounded (``max_head_bytes``, ``max_headers``) and framed as RFC 9112 says:
+  Transfer-Encoding is one list over all its field lines and only ``chunked`` is decoded; a status
+  outside 100-599, a 1xx with a body or a 101 fail the exchange; other 1xx answers (but 100,
+  which answers an Expect the proxy's own server handles) are kept for the caller to relay
+  (:attr:`Response.interim`).
 
 Connections are kept alive and reused, most recently used first, only when the previous exchange
 ended cleanly: the whole answer received, keep-alive on both sides, nothing unexpected received
@@ -110,6 +115,14 @@ class _Stray(Exception):
     """Raised inside a parser callback to stop parsing bytes that belong to no exchange."""
 
 
+class Interim(typing.NamedTuple):
+    """A 1xx answer that came before the final one: status, reason, header lines in order."""
+
+    status: int
+    reason: bytes
+    headers: list[tuple[str, str]]
+
+
 class _Conn(asyncio.Protocol):
     """One connection to oms: the protocol callbacks, the parser, and one exchange at a time."""
 
@@ -117,6 +130,8 @@ class _Conn(asyncio.Protocol):
         self._pool = pool
         self._loop = pool.loop
         self._high = pool.high_water
+        self._max_head = pool.max_head_bytes
+        self._max_headers = pool.max_headers
         self._read_timeout = pool.read_timeout
         self._low = pool.high_water // 2
         self.transport: asyncio.Transport | None = None
@@ -145,6 +160,10 @@ class _Conn(asyncio.Protocol):
         self.status = 0
         self._reason = b""
         self._raw: list[tuple[str, str]] = []
+        self.head_bytes = 0  # of the answer's head lines (and its interim answers') so far
+        self._head_fed = 0  # bytes fed to the parser before the head was complete
+        self.interim: list[Interim] = []  # 1xx answers to relay (not 100, never 101)
+        self.raw_bytes = False  # a header value is not UTF-8 (held with surrogate escapes)
         self.headers: CIMultiDict[str] = _NO_HEADERS
         self.content_length: int | None = None
         self._interim = False
@@ -177,6 +196,9 @@ class _Conn(asyncio.Protocol):
             self._direct(data)
             return
         self.got_bytes = True
+        head = not self.head_done
+        if head:
+            self._head_fed += len(data)
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
@@ -189,6 +211,10 @@ class _Conn(asyncio.Protocol):
                     self._fail(Broken(f"a malformed answer ({type(e).__name__})"))
             elif self.transport is not None:
                 self.transport.abort()  # stray bytes after a whole answer
+            return
+        if head and not self.head_done and self._head_fed > self._max_head:
+            # Stop before the parser buffers more of a head that is too big anyway.
+            self._fail(Broken(f"an answer head over {self._max_head} bytes"))
             return
         length = self.content_length
         if (
@@ -242,16 +268,35 @@ class _Conn(asyncio.Protocol):
 
     def on_status(self, status: bytes) -> None:
         self._reason += status
+        self.head_bytes += len(status) + 15  # "HTTP/1.1 200 " and CRLF
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        # The limits are checked at the head's end: what one read brings is bounded before
+        # (data_received), so only a head that came in one read can be over them here.
+        self.head_bytes += len(name) + len(value)
+        try:
+            text = value.decode()
+        except UnicodeDecodeError:  # bytes pass unchanged: see proxy.headers.encode_head
+            text = value.decode("utf-8", "surrogateescape")
+            self.raw_bytes = True
+        self._raw.append((name.decode("latin-1"), text))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        if len(self._raw) > self._max_headers:
+            raise Broken(f"an answer with more than {self._max_headers} header lines")
+        if self.head_bytes + 4 * len(self._raw) > self._max_head:  # ": " and CRLF per line
+            raise Broken(f"an answer head over {self._max_head} bytes")
+        if not 100 <= status <= 599:  # RFC 9110 §15: three digits, 100 to 599
+            raise Broken(f"an answer with status {status:03d}, which is no HTTP status")
         if status < 200:
             if status == 101:
                 raise Broken("a protocol switch (101), which the pass-through does not support")
-            self._interim = True  # 100, 102, 103: an interim answer; the final one follows
+            # An interim answer; the final one follows. 100 answers the Expect that the
+            # proxy's own server handles: not relayed.
+            self._interim = True
+            if status != 100:
+                self.interim.append(Interim(status, self._reason, self._raw))
             self._raw = []
             self._reason = b""
             return
@@ -266,14 +311,18 @@ class _Conn(asyncio.Protocol):
             self.complete = True
             self.reusable = False
         elif length is None and status not in (204, 304):
-            encoding = headers.get("Transfer-Encoding")
-            self.eof_body = encoding is None or not encoding.rstrip().lower().endswith("chunked")
+            codings = _transfer_codings(headers.getall("Transfer-Encoding", ()))
+            if codings and codings != ["chunked"]:
+                raise Broken(f"a transfer coding the pass-through cannot decode: {codings}")
+            self.eof_body = not codings
         self.head_done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
         if self.complete:  # an answer to HEAD has no body whatever it announces
             return
+        if self._interim:  # llhttp frames a body for 1xx codes it does not know (104-199)
+            raise Broken("an interim (1xx) answer with a body")
         self.chunks.append(body)
         self.body_seen += len(body)
         self.buffered += len(body)
@@ -451,7 +500,16 @@ class Response:
     the pool if the answer was read whole and cleanly, else it is closed.
     """
 
-    __slots__ = ("_conn", "_pool", "content_length", "headers", "reason", "status")
+    __slots__ = (
+        "_conn",
+        "_pool",
+        "content_length",
+        "headers",
+        "interim",
+        "raw_bytes",
+        "reason",
+        "status",
+    )
 
     def __init__(self, conn: _Conn, pool: Upstream) -> None:
         self._conn: _Conn | None = conn
@@ -460,6 +518,8 @@ class Response:
         self.reason = conn._reason.decode("utf-8", "surrogateescape")
         self.headers = conn.headers
         self.content_length = conn.content_length
+        self.interim = conn.interim  # 1xx answers before this one (mostly empty)
+        self.raw_bytes = conn.raw_bytes  # a header value that is not UTF-8 (surrogate escapes)
 
     async def read_chunk(self, n: int) -> bytes:
         """Up to ``n`` bytes of the body, as they come; ``b""`` once it is all read."""
@@ -499,8 +559,10 @@ class Upstream:
 
     ``chunk`` is the size of the body reads, and the most of an answer's body queued (past it,
     the socket is not read until the queue is half empty); ``ssl_context`` the TLS settings
-    for an https ``url`` (default: the system's CAs, hostname checked). Create it inside the
-    running event loop; :meth:`close` it at the end.
+    for an https ``url`` (default: the system's CAs, hostname checked). An answer whose head
+    (interim answers included) is over ``max_head_bytes``, or has more than ``max_headers``
+    header lines, fails as :class:`Broken` as soon as that shows, before more of it is held.
+    Create it inside the running event loop; :meth:`close` it at the end.
     """
 
     def __init__(
@@ -512,6 +574,8 @@ class Upstream:
         max_connections: int = 0,
         max_idle_seconds: float = 15.0,
         chunk: int = 256 * 1024,
+        max_head_bytes: int = 65536,
+        max_headers: int = 100,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
@@ -533,6 +597,8 @@ class Upstream:
         self.max_connections = max_connections
         self.max_idle_seconds = max_idle_seconds
         self.high_water = chunk
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
         self.loop = asyncio.get_running_loop()
         self._idle: list[_Conn] = []  # oldest first
         self._conns: set[_Conn] = set()
@@ -769,6 +835,20 @@ class Upstream:
             if not self._conns:
                 break
             await asyncio.sleep(0)
+
+
+def _transfer_codings(values: Iterable[str]) -> list[str]:
+    """The transfer codings of these Transfer-Encoding field lines, ``identity`` left out.
+
+    The field lines form one list (RFC 9110 §5.3), which llhttp frames by: ``identity`` on one
+    line and ``chunked`` on the next is a chunked body, not one ended by the close.
+    """
+    return [
+        low
+        for v in values
+        for c in v.split(",")
+        if (low := c.strip().lower()) and low != "identity"
+    ]
 
 
 def _expire_slot(waiter: asyncio.Future[_Conn | None]) -> None:
