@@ -22,8 +22,8 @@ E2E="$ROOT/.e2e"
 BIN="$E2E/bin"
 SRC="$E2E/src"
 mkdir -p "$BIN" "$SRC" "$E2E/logs"
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
-BUILD_FLAGS=(-p 2 -trimpath -ldflags=-s\ -w)
+export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
+BUILD_FLAGS=(-p 2 -trimpath)
 
 log() { printf '[e2e-build %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
@@ -48,12 +48,12 @@ up_to_date() {
     [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.stamp" 2>/dev/null)" = "$2" ]
 }
 
-# build NAME MODULE_DIR PACKAGE STAMP
+# build NAME MODULE_DIR PACKAGE STAMP [EXTRA_LDFLAGS]
 build() {
-    local name="$1" dir="$2" pkg="$3" stamp="$4" start
+    local name="$1" dir="$2" pkg="$3" stamp="$4" ldflags="-s -w ${5:-}" start
     start=$(date +%s)
     log "$name: building $pkg ($stamp)"
-    (cd "$dir" && go build "${BUILD_FLAGS[@]}" -o "$BIN/$name.tmp" "$pkg")
+    (cd "$dir" && go build "${BUILD_FLAGS[@]}" -ldflags="$ldflags" -o "$BIN/$name.tmp" "$pkg")
     mv "$BIN/$name.tmp" "$BIN/$name"
     echo "$stamp" >"$BIN/.$name.stamp"
     log "$name: built in $(($(date +%s) - start)) s"
@@ -88,9 +88,18 @@ fi
 
 # --- Kubernetes -------------------------------------------------------------------------------------
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+K8S_STAMP="kubernetes $K8S_VERSION (versioned)"
+# What `hack/lib/version.sh` stamps into release builds, so /version and kubectl tell the truth.
+minor="${K8S_VERSION#v1.}"
+minor="${minor%%.*}"
+K8S_LDFLAGS=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean"
+done
 need_k8s=()
 for name in "${K8S_BINARIES[@]}"; do
-    up_to_date "$name" "kubernetes $K8S_VERSION" || need_k8s+=("$name")
+    up_to_date "$name" "$K8S_STAMP" || need_k8s+=("$name")
 done
 if [ "${#need_k8s[@]}" -gt 0 ]; then
     dir="$SRC/kubernetes"
@@ -119,7 +128,7 @@ GO
         (cd "$dir" && go mod tidy -e 2>&1 | tail -5 >&2 || true)
     fi
     for name in "${need_k8s[@]}"; do
-        build "$name" "$dir" "k8s.io/kubernetes/cmd/$name" "kubernetes $K8S_VERSION"
+        build "$name" "$dir" "k8s.io/kubernetes/cmd/$name" "$K8S_STAMP" "$K8S_LDFLAGS"
     done
 fi
 

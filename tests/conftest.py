@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,23 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.app import create_app, server_options
 from proxy.config import Config, config_from_dict
 from proxy.standins.oms import FakeOms
+
+# --- the two tiers ---
+# tests/e2e needs a real control plane (`make e2e`): it is collected only when named on the
+# command line, so `make test` stays Python-only and fast.
+
+E2E_DIR = Path(__file__).parent / "e2e"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path != E2E_DIR:
+        return None
+    named = [Path(a.split("::")[0]).resolve() for a in config.args]
+    return not any(a == E2E_DIR or E2E_DIR in a.parents for a in named)
+
+
+# --- end the two tiers ---
+
 
 # --- oms stand-in and proxy fixtures ---
 
