@@ -554,6 +554,11 @@ class ControlPlane:
             "--tls-cert-file", str(pki / "apiserver.crt"),
             "--tls-private-key-file", str(pki / "apiserver.key"),
             "--client-ca-file", str(pki / "ca.crt"),
+            "--requestheader-client-ca-file", str(pki / "ca.crt"),
+            "--requestheader-allowed-names", "front-proxy-client",
+            "--requestheader-username-headers", "X-Remote-User",
+            "--requestheader-group-headers", "X-Remote-Group",
+            "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"),
@@ -608,10 +613,15 @@ class ControlPlane:
     def install_crd(self) -> None:
         """Apply the MPIJob CRD from the MPI Operator's module and wait until it is served."""
         self.kubectl_ok("apply", "--server-side", "--field-manager=e2e", "-f", str(crd_path()))
-        self.kubectl_ok(
-            "wait", "--for", "condition=Established", "--timeout=60s",
-            "crd/mpijobs.kubeflow.org",
-        )  # fmt: skip
+
+        def established() -> bool:
+            crd = self.get_json("crd", "mpijobs.kubeflow.org")
+            return any(
+                cond["type"] == "Established" and cond["status"] == "True"
+                for cond in crd.get("status", {}).get("conditions") or []
+            )
+
+        wait_until("MPIJob CRD Established", established, 60, procs=list(self.procs.values()))
 
     def _start_controllers(self) -> None:
         kc, pki = str(self.admin_kubeconfig), self.pki

@@ -77,7 +77,7 @@ ProxyFactory = Callable[..., c.Server]
 
 @pytest.fixture(scope="session")
 def start_proxy(control_plane: ControlPlane, oms: c.Server) -> Iterator[ProxyFactory]:
-    """``start_proxy(name, kubeconfig=..., template=..., **sections)``: a ``serve`` process.
+    """``start_proxy(name, kubeconfig=, template=, code=, **sections)``: a ``serve`` process.
 
     Defaults: the run namespace, our ServiceAccount's token, config/mpijob-template.yaml, MPI
     runs intercepted, INFO logs. Every proxy started is stopped at the end of the session.
@@ -92,6 +92,7 @@ def start_proxy(control_plane: ControlPlane, oms: c.Server) -> Iterator[ProxyFac
         service_account: str = cluster.SERVICE_ACCOUNT,
         kubeconfig: Path | None = None,
         template: Path = TEMPLATE,
+        code: str | None = None,
         **sections: dict[str, Any],
     ) -> c.Server:
         if kubeconfig is None:
@@ -108,7 +109,7 @@ def start_proxy(control_plane: ControlPlane, oms: c.Server) -> Iterator[ProxyFac
         }
         for section, values in sections.items():
             config.setdefault(section, {}).update(values)
-        server = c.start_proxy(oms.url, workdir, name=name, extra_config=config)
+        server = c.start_proxy(oms.url, workdir, name=name, extra_config=config, code=code)
         _PROXIES.append(server)
         return server
 
