@@ -389,8 +389,19 @@ def _bad_request(message: str) -> _ApiError:
     return _ApiError(400, "BadRequest", message)
 
 
+class _PageNotFound(_ApiError):
+    """What the API server answers for a path no API group serves (e.g. a CRD not installed):
+    Go's plain-text ``404 page not found``, not a ``Status``."""
+
+    def __init__(self) -> None:
+        super().__init__(404, "NotFound", "404 page not found")
+
+    def response(self) -> web.Response:
+        return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
+
+
 def _no_such_resource() -> _ApiError:
-    return _ApiError(404, "NotFound", "the server could not find the requested resource", {})
+    return _PageNotFound()
 
 
 def _not_found(kind: _Kind, name: str) -> _ApiError:
@@ -1805,7 +1816,7 @@ class FakeKube:
             job, "Running", "True", "MPIJobRunning", f"MPIJob {key[0]}/{key[1]} is running."
         )
         self._put(MPIJOBS, job, "MODIFIED")
-        self._job_event(job, "Normal", "MPIJobRunning", "is running.")
+        self._job_event(job, "Normal", "MPIJobRunning", "is running")
         container = launcher["spec"]["containers"][0]["name"]
         for text in scenario.log_lines:
             await asyncio.sleep(scenario.line_interval)
@@ -1873,7 +1884,9 @@ class FakeKube:
         else:
             reason, text = "MPIJobSucceeded", f"MPIJob {key[0]}/{key[1]} successfully completed."
             self._set_condition(job, "Succeeded", "True", reason, text)
-        self._set_condition(job, "Running", "False", reason, text)
+        for condition in status["conditions"]:  # as the operator does: only the status flips
+            if condition["type"] == "Running":
+                condition["status"] = "False"
         policy = job["spec"].get("runPolicy", {}).get("cleanPodPolicy", "None")
         if workers and policy in ("Running", "All"):
             status["replicaStatuses"]["Worker"] = {}
