@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 import time
 from collections.abc import Callable
@@ -126,12 +127,15 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 async def eventually(
     what: str, check: Callable[[], Any], within: float = 60.0, interval: float = 0.5
 ) -> Any:
-    """Poll ``check`` (sync) until it returns something truthy; that value."""
+    """Poll ``check`` (a function, or a coroutine function) until it returns something truthy;
+    that value."""
     deadline = time.monotonic() + within
     last: Any = None
     while time.monotonic() < deadline:
         try:
             last = check()
+            if inspect.isawaitable(last):
+                last = await last
         except (AssertionError, KeyError, IndexError, RuntimeError) as e:
             last = e
         else:

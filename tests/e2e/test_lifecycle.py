@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -128,6 +129,42 @@ async def test_run_succeeds_with_real_pod_logs_and_is_deleted_by_retention(
     )  # fmt: skip
     final = await log_page(proxy.url, stamp)
     assert final["IsFinal"], final  # still answered (tombstone) after the deletion
+
+
+async def test_pending_run_shows_why_it_waits(
+    control_plane: ControlPlane, start_proxy: ProxyFactory
+) -> None:
+    """Worker pods no node can take (the template's nodeSelector matches none): while the run
+    waits, its log pages show the real scheduler's reason and stay not final."""
+    doc = yaml.safe_load(TEMPLATE.read_text())
+    for role in ("Launcher", "Worker"):
+        doc["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["nodeSelector"] = {
+            "e2e.openmpp.org/pool": "none"
+        }
+    template = control_plane.workdir / "mpijob-template-unschedulable.yaml"
+    template.write_text(yaml.safe_dump(doc, sort_keys=False))
+    server = start_proxy("proxy-unschedulable", template=template)
+    status, state, _ = await submit(server.url, ui_request())
+    assert status == 200, state
+    stamp = state["RunStamp"]
+
+    async def waiting_reason() -> Any:
+        page = await log_page(server.url, stamp)
+        found = [line for line in page["Lines"] if "FailedScheduling" in line]
+        return (page, found) if found else None
+
+    page, found = await eventually("a FailedScheduling line", waiting_reason, 60, interval=1)
+    assert not page["IsFinal"], page
+    assert "didn't match Pod's node affinity/selector" in found[0], found
+    assert page["Lines"][0].startswith(PREFIX)
+    status, items = await get(server.url, f"/api/model/{RISKPATHS}/run/{stamp}/status/list")
+    assert status == 200, items
+    assert items[-1]["Status"] == "i", items  # waiting, as oms says of a queued run
+    async with (
+        aiohttp.ClientSession() as session,
+        session.put(f"{server.url}/api/run/stop/model/{RISKPATHS}/stamp/{stamp}") as resp,
+    ):
+        assert resp.status == 200
 
 
 async def test_failed_run_is_final_with_the_launchers_exit_code(

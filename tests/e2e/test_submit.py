@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -313,23 +312,13 @@ async def test_role_without_create_is_502_naming_the_permission(
         _, ready = await get(server.url, "/readyz")
         return ready if ready["checks"].get("dry_run") not in (None, "pending") else None
 
-    ready = await _eventually_async("dry run done", dry_run_done)
+    ready = await eventually("dry run done", dry_run_done)
     assert "lacks a permission" in ready["checks"]["dry_run"], ready
     assert ready["checks"]["kubernetes"] == "ok"  # list is granted
     status, answer, _ = await submit(server.url, ui_request())
     assert status == 502, answer
     assert "lacks a permission" in str(answer), answer
     assert "create" in str(answer), answer
-
-
-async def _eventually_async(what: str, check: Any, within: float = 60.0) -> Any:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{what}: not within {within} s")
 
 
 async def test_missing_namespace_readiness(
@@ -351,7 +340,7 @@ async def test_missing_namespace_readiness(
             status, ready = await get(server.url, "/readyz")
             return (status, ready) if ready["checks"].get("dry_run") != "pending" else None
 
-        return await _eventually_async("dry run done", check)
+        return await eventually("dry run done", check)
 
     status, ready = await settled(admin)
     assert status == 503, ready
@@ -379,7 +368,7 @@ async def test_missing_crd_readiness(
         status, ready = await get(server.url, "/readyz")
         return (status, ready) if ready["checks"].get("dry_run") != "pending" else None
 
-    status, ready = await _eventually_async("dry run done", check)
+    status, ready = await eventually("dry run done", check)
     assert status == 503, ready
     assert "CRD (mpijobs.kubeflow.org/v2beta1) is not installed" in ready["checks"]["kubernetes"]
     assert "is not installed" in ready["checks"]["dry_run"]
