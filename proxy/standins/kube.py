@@ -1759,6 +1759,18 @@ class FakeKube:
             "reportingComponent": component,
             "reportingInstance": "",
         }
+        if component == "default-scheduler":
+            # The scheduler records through events.k8s.io/v1: seen through core/v1, such an
+            # Event has only eventTime (microseconds), no source, timestamps or count.
+            event.update(
+                source={},
+                firstTimestamp=None,
+                lastTimestamp=None,
+                count=None,
+                eventTime=_stamp_precise(datetime.now(UTC)),
+                action="Binding" if reason == "Scheduled" else "Scheduling",
+                reportingInstance="default-scheduler-standin",
+            )
         self._stamp(event, meta["namespace"])
         self._put(EVENTS, event, "ADDED")
 
