@@ -17,6 +17,15 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 MPI_OPERATOR_VERSION="${MPI_OPERATOR_VERSION:-v0.8.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 
+# Go's standard install location, when a non-login shell did not put it on PATH.
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+    PATH="/usr/local/go/bin:$PATH"
+fi
+if ! command -v go >/dev/null; then
+    echo "e2e/build.sh: the Go toolchain (go 1.26 or newer) is needed to build the control plane" >&2
+    exit 1
+fi
+
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 E2E="$ROOT/.e2e"
 BIN="$E2E/bin"

@@ -197,7 +197,7 @@ spec:
     - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
     - __SELECT__
   delay:
-    durationMilliseconds: 6000
+    durationMilliseconds: 8000
     durationFrom: {expressionFrom: '.metadata.annotations["__RUN_MS__"]'}
   next:
     statusTemplate: |

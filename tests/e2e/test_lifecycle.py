@@ -105,7 +105,7 @@ async def test_run_succeeds_with_real_pod_logs_and_is_deleted_by_retention(
     assert "run succeeded" in shown[-2], shown[-2:]
     assert shown[-1] == f"{PREFIX}launcher exit code 0 (Completed)"  # kwok's terminated state
     assert len(shown) == len(set(shown)), "a line was shown twice"
-    assert any(not p["IsFinal"] for p in pages), "never seen while not final"
+    assert any(model[0] in p["Lines"] and not p["IsFinal"] for p in pages), "never seen running"
     job = job_of(control_plane, stamp)
     assert (condition(job, "Succeeded") or {}).get("status") == "True"
     assert job["metadata"]["annotations"].get(PRELUDE_KEY)  # frozen on the MPIJob itself
