@@ -34,23 +34,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # --- end the two tiers ---
 
 
-# --- the two tiers ---
-# tests/e2e needs a real control plane (`make e2e`): it is collected only when named on the
-# command line, so `make test` stays Python-only and fast.
-
-E2E_DIR = Path(__file__).parent / "e2e"
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if collection_path != E2E_DIR:
-        return None
-    named = [Path(a.split("::")[0]).resolve() for a in config.args]
-    return not any(a == E2E_DIR or E2E_DIR in a.parents for a in named)
-
-
-# --- end the two tiers ---
-
-
 # --- oms stand-in and proxy fixtures ---
 
 

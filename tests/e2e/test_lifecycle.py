@@ -16,10 +16,10 @@ import yaml
 
 from bench import _common as c
 from proxy import names
-from proxy.config import config_from_dict
-from proxy.k8s import KubeClient, load_api_client
-from proxy.lifecycle import SELECTOR
-from proxy.runview import PREFIX, PRELUDE_KEY
+from proxy.clients.kube import KubeClient, load_api_client
+from proxy.configload import config_from_dict
+from proxy.follow.cache import SELECTOR
+from proxy.follow.view import PREFIX, PRELUDE_KEY
 from tests.e2e import cluster
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import RETENTION_SECONDS, TEMPLATE, ProxyFactory
@@ -293,15 +293,9 @@ async def test_two_replicas_race_for_the_prelude_one_gets_409(
     assert seen_409, f"no 409 in {runs} runs"
 
 
-# ``serve`` with its watches ending after 8 s instead of 300 s (CacheTuning is meant to be
-# shortened by tests), so that a watch is resumed from its resourceVersion within the test.
-SHORT_WATCH = """\
-import functools, sys
-import proxy.lifecycle as lifecycle
-lifecycle.CacheTuning = functools.partial(lifecycle.CacheTuning, watch_timeout_seconds=8)
-from proxy.cli import main
-sys.exit(main())
-"""
+# The watches of this test's ``serve`` end after 8 s instead of 300 s (``follow`` config), so
+# that a watch is resumed from its resourceVersion within the test.
+SHORT_WATCH = {"watch_timeout_seconds": 8}
 
 
 async def test_watch_410_after_compaction_relists_without_losing_lines(
@@ -318,7 +312,7 @@ async def test_watch_410_after_compaction_relists_without_losing_lines(
     )
     template = template_with(control_plane, "watch", **{cluster.RUN_FOR_KEY: "30s"})
     server = start_proxy(
-        "proxy-uncached", kubeconfig=kubeconfig, template=template, code=SHORT_WATCH
+        "proxy-uncached", kubeconfig=kubeconfig, template=template, follow=SHORT_WATCH
     )
     model = model_log("watch", 8)
     write_launcher_log(control_plane, model)
