@@ -141,8 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return render_command(args.config, args.request)
         if args.command == "demo":
-            from standins.demo import run_demo
-
+            try:  # the stand-ins ship with the distribution, not with the container image
+                from standins.demo import run_demo
+            except ModuleNotFoundError:
+                print("the demo needs the stand-ins (pip install the repository)", file=sys.stderr)
+                return 2
             return run_demo(serve=args.serve, port=args.port)
     except ConfigError as e:
         print(f"configuration error: {e}", file=sys.stderr)
