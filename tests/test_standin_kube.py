@@ -397,7 +397,7 @@ async def test_watch_without_resource_version_lists_first_then_ends_on_timeout(
         V,
         NS,
         P,
-        timeout_seconds=1,
+        timeout_seconds=3,  # bookmarks stop 2 s before the end
         allow_watch_bookmarks=True,
     )
     types = [event["type"] for event in events]
@@ -448,13 +448,24 @@ async def test_success_scenario_pods_labels_log_and_conditions(
         NS, label_selector=f"{JOB_NAME}=run-1,{JOB_ROLE}=launcher"
     )
     (launcher,) = launchers.items
+    launcher = by_name[launcher.metadata.name]
     assert launcher.metadata.name.startswith("run-1-launcher-")
     assert len(launcher.metadata.name) == len("run-1-launcher-") + 5
     assert launcher.metadata.labels["training.kubeflow.org/operator-name"] == "mpi-operator"
     assert by_name["run-1-worker-2"].metadata.labels["training.kubeflow.org/replica-index"] == "2"
+    launcher_job = await client.BatchV1Api(custom.api_client).read_namespaced_job(
+        "run-1-launcher", NS
+    )
     for pod in pods.items:
         (ref,) = pod.metadata.owner_references
-        assert (ref.kind, ref.name, ref.uid) == ("MPIJob", "run-1", uid)
+        if pod is launcher:
+            assert (ref.kind, ref.name, ref.uid) == (
+                "Job",
+                "run-1-launcher",
+                launcher_job.metadata.uid,
+            )
+        else:
+            assert (ref.kind, ref.name, ref.uid) == ("MPIJob", "run-1", uid)
         assert ref.controller
         assert ref.block_owner_deletion
         assert pod.status.phase == "Running"
@@ -580,7 +591,7 @@ async def test_unschedulable_scenario(
     fake_kube.set_scenario(Scenario(kind="unschedulable"))
     await custom.create_namespaced_custom_object(G, V, NS, P, mpijob(workers=2))
     await fake_kube.wait_until(
-        lambda: len(fake_kube.objects("events")) >= 3 + 1  # Created + one per pod
+        lambda: sum(e["reason"] == "FailedScheduling" for e in fake_kube.objects("events")) == 3
     )
     pods = (await core.list_namespaced_pod(NS, label_selector=f"{JOB_NAME}=run-1")).items
     assert len(pods) == 3
@@ -592,7 +603,11 @@ async def test_unschedulable_scenario(
             "False",
             "Unschedulable",
         )
-        assert scheduled.message == "0/3 nodes are available: 3 Insufficient cpu."
+        assert scheduled.message == (  # kube-scheduler v1.35: filter, then PostFilter verdicts
+            "0/3 nodes are available: 3 Insufficient cpu. no new claims to deallocate, "
+            "preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
+        )
+        assert scheduled.observed_generation == pod.metadata.generation == 1
     events = await core.list_namespaced_event(NS, field_selector="reason=FailedScheduling")
     assert len(events.items) == 3
     assert all(e.type == "Warning" and e.involved_object.kind == "Pod" for e in events.items)
@@ -753,7 +768,12 @@ async def test_background_delete_is_immediate_and_orphan_keeps_pods(
     )
     kept = (await core.list_namespaced_pod(NS, label_selector=f"{JOB_NAME}=orphan")).items
     assert len(kept) == 2
-    assert all(not p.metadata.owner_references for p in kept)
+    owners = {p.metadata.labels[JOB_ROLE]: p.metadata.owner_references for p in kept}
+    assert not owners["worker"]
+    assert [ref.name for ref in owners["launcher"]] == ["orphan-launcher"]  # the Job's, kept
+    launcher_job = fake_kube.get_object("jobs", NS, "orphan-launcher")
+    assert launcher_job is not None
+    assert not launcher_job["metadata"]["ownerReferences"]
 
 
 # --- failures -----------------------------------------------------------------------------------
