@@ -183,6 +183,7 @@ class FakeKube(Operator):
         )
         if crd_schema_path is not None:
             self._schema, self._validator = _load_crd(str(Path(crd_schema_path).resolve()))
+        self._grants: dict[str, tuple[str, str]] = {}
         self._app = self._make_app()
 
     # -- public API ------------------------------------------------------------------------------
@@ -201,6 +202,17 @@ class FakeKube(Operator):
             self.default_scenario = scenario
         else:
             self._scenarios[name] = scenario
+
+    def grant(self, token: str, namespace: str, service_account: str = "oms-mpijob-proxy") -> None:
+        """Accept bearer ``token`` as ServiceAccount ``namespace``/``service_account`` whose Role
+        is bound in ``namespace`` only (as ``k8s/base/rbac`` ships it).
+
+        The RBAC authorizer comes before everything else, so any request of that token in
+        another namespace, existing or not, is 403 Forbidden naming that user (not 404 or an
+        empty list, as with ``token`` or no token: an administrator's credentials).
+        :meth:`forbid` applies to it too.
+        """
+        self._grants[token] = (f"system:serviceaccount:{namespace}:{service_account}", namespace)
 
     def forbid(self, verb: str, resource: str) -> None:
         """Answer 403 to ``verb`` (``"*"``: any) on ``resource`` (``"mpijobs"``, ``"pods/log"``)."""
@@ -358,16 +370,18 @@ class FakeKube(Operator):
             request.transport.close()
         return web.Response(status=500)
 
-    def _authorize(self, request: RecordedRequest) -> None:
+    def _authorize(self, request: RecordedRequest, grant: tuple[str, str] | None) -> None:
         resource = request.resource
         full = f"{resource}/{request.subresource}" if request.subresource else resource
-        if not ({(request.verb, full), ("*", full)} & self._forbidden):
+        user = self.user if grant is None else grant[0]
+        outside = grant is not None and request.namespace != grant[1]
+        if not outside and not ({(request.verb, full), ("*", full)} & self._forbidden):
             return
         kind = _KINDS.get(resource)
         qualified = kind.qualified_resource if kind else resource
         target = f'{qualified} "{request.name}"' if request.name else qualified
         message = (
-            f'{target} is forbidden: User "{self.user}" cannot {request.verb} resource "{full}" '
+            f'{target} is forbidden: User "{user}" cannot {request.verb} resource "{full}" '
             f'in API group "{request.api_group}" in the namespace "{request.namespace}"'
         )
         details: Json = {"name": request.name} if request.name else {}
@@ -382,8 +396,9 @@ class FakeKube(Operator):
             return self._drop(request)
         fault: Fault | None = None
         try:
-            bearer = request.headers.get("Authorization")
-            if self.token is not None and bearer != f"Bearer {self.token}":
+            bearer = request.headers.get("Authorization") or ""
+            grant = self._grants.get(bearer.removeprefix("Bearer ")) if bearer else None
+            if grant is None and self.token is not None and bearer != f"Bearer {self.token}":
                 raise _ApiError(401, "Unauthorized", "Unauthorized")
             fault = self._take_fault(recorded)
             if fault is not None:
@@ -393,7 +408,7 @@ class FakeKube(Operator):
                 if fault.status is not None:
                     raise _fault_error(fault, fault.status)
             if recorded.resource:
-                self._authorize(recorded)
+                self._authorize(recorded, grant)
             response = await handler(request)
         except _ApiError as err:
             return err.response()
@@ -525,12 +540,16 @@ class FakeKube(Operator):
         return web.json_response(
             {
                 "major": "1",
-                "minor": "31",
-                "gitVersion": "v1.31.0",
+                "minor": "35",
+                "emulationMajor": "1",
+                "emulationMinor": "35",
+                "minCompatibilityMajor": "1",
+                "minCompatibilityMinor": "34",
+                "gitVersion": "v1.35.4",
                 "gitCommit": "0" * 40,
                 "gitTreeState": "clean",
-                "buildDate": "2024-08-13T07:28:49Z",
-                "goVersion": "go1.22.5",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.25.0",
                 "compiler": "gc",
                 "platform": "linux/amd64",
             }
