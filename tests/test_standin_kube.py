@@ -812,6 +812,41 @@ async def test_launcher_is_a_batch_job_that_owns_its_pod(
     assert (await core.list_namespaced_config_map(NS)).items == []
 
 
+async def test_wait_for_workers_ready_creates_the_launcher_job_after_the_workers(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    """launcherCreationPolicy WaitForWorkersReady (our template's): no launcher Job while a
+    worker is not Ready; once they all are, the Job and its pod."""
+    fake_kube.set_scenario(Scenario(kind="unschedulable"), "stuck")
+    for name in ("stuck", "run-1"):
+        body = mpijob(name, workers=2)
+        body["spec"]["launcherCreationPolicy"] = "WaitForWorkersReady"
+        await custom.create_namespaced_custom_object(G, V, NS, P, body)
+    seen: list[tuple[str, str, str]] = []
+    async with watch.Watch() as w:
+        async for event in w.stream(
+            core.list_namespaced_pod,
+            NS,
+            label_selector=f"{JOB_NAME}=run-1",
+            resource_version="1",
+            timeout_seconds=5,
+        ):
+            pod = event["object"]
+            seen.append((event["type"], pod.metadata.name, pod.status.phase))
+            if pod.metadata.labels[JOB_ROLE] == "launcher" and pod.status.phase == "Succeeded":
+                break
+    launcher_added = next(i for i, (t, n, _) in enumerate(seen) if "-launcher-" in n)
+    workers_running = [
+        i for i, (t, n, ph) in enumerate(seen) if "-worker-" in n and ph == "Running"
+    ]
+    assert len(workers_running) == 2
+    assert max(workers_running) < launcher_added
+    assert fake_kube.get_object("jobs", NS, "stuck-launcher") is None
+    assert launcher_of(fake_kube, "stuck") is None
+    stuck = [p for p in fake_kube.objects("pods") if p["metadata"]["labels"][JOB_NAME] == "stuck"]
+    assert [p["status"]["phase"] for p in stuck] == ["Pending", "Pending"]
+
+
 async def test_failed_launcher_fails_its_job(
     fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
 ) -> None:

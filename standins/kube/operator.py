@@ -171,9 +171,12 @@ class Operator(Store):
             self._launcher_job(self._job(key))
         await self._while_suspended(key, run)
         job = self._job(key)
-        launcher = self._create_launcher(job)
         workers = [self._create_pod(job, "worker", i) for i in range(_worker_replicas(job))]
-        pods = [launcher, *workers]
+        # launcherCreationPolicy WaitForWorkersReady: the launcher Job only once every worker
+        # is Ready; AtStartup (the default): at once.
+        wait_for_workers = job["spec"].get("launcherCreationPolicy") == "WaitForWorkersReady"
+        launcher = None if wait_for_workers else self._create_launcher(job)
+        pods = [*workers] if launcher is None else [launcher, *workers]
         if scenario.kind == "unschedulable":
             for pod in pods:
                 self._unschedulable(pod)
@@ -187,6 +190,10 @@ class Operator(Store):
         await asyncio.sleep(scenario.running_after)
         for pod in pods:
             self._start_pod(pod)
+        if launcher is None:
+            launcher = self._create_launcher(self._job(key))
+            self._schedule(launcher, len(pods))
+            self._start_pod(launcher)
         batch_job = self._store["jobs"].get((key[0], f"{key[1]}-launcher"))
         if batch_job is not None:  # the job-controller counts its ready pod
             batch_job["status"]["ready"] = 1
