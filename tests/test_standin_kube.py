@@ -967,6 +967,9 @@ async def test_foreground_delete_cascades_then_removes_the_job(
     assert events[-1] == "DELETED"
     assert (await core.list_namespaced_pod(NS)).items == []
     assert (await core.list_namespaced_config_map(NS)).items == []
+    assert (await client.BatchV1Api(core.api_client).list_namespaced_job(NS)).items == []
+    assert (await core.list_namespaced_service(NS)).items == []
+    assert (await core.list_namespaced_secret(NS)).items == []
     with pytest.raises(ApiException) as caught:
         await custom.get_namespaced_custom_object(G, V, NS, P, "run-1")
     assert status_of(caught.value)["message"] == 'mpijobs.kubeflow.org "run-1" not found'
