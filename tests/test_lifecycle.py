@@ -248,6 +248,10 @@ async def test_ui_poller_sees_every_line_once_then_final(env: Env) -> None:
     assert whole["IsFinal"]
     # The prelude is recorded on the MPIJob.
     assert PRELUDE_KEY in env.job(state)["metadata"]["annotations"]
+    # The launcher is a batch/v1 Job, as on a real cluster: its job-controller's Event shows.
+    name = env.job(state)["metadata"]["name"]
+    (created,) = [line for line in final if "SuccessfulCreate" in line]
+    assert f"Normal SuccessfulCreate Job/{name}-launcher: Created pod: {name}-launcher-" in created
 
 
 async def test_log_paging_follows_oms(env: Env) -> None:

@@ -132,9 +132,12 @@ def classify_api_exception(e: ApiException, what: str) -> KubeError:
             **kw,
         )
     if code == 403:
+        # A namespaced Role grants nothing in another namespace, even one that does not exist:
+        # the RBAC authorizer answers 403 there before anything looks for the namespace.
+        missing = ", or the namespace does not exist" if "in the namespace" in message else ""
         return KubeForbidden(
             f"{what}: the proxy's service account lacks a permission "
-            f"(check its Role/RoleBinding): {message}",
+            f"(check its Role/RoleBinding{missing}): {message}",
             **kw,
         )
     if code == 401:

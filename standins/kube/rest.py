@@ -157,7 +157,9 @@ class FakeKube(Operator):
     ``quota_exceeded`` (the text after "exceeded quota: " of a 403 on MPIJob create),
     ``scenario_for`` (picks the :class:`Scenario` of each created MPIJob), ``foreground_delay``
     (seconds a Foreground-deleted MPIJob lingers after its dependents are gone),
-    ``bookmark_interval`` (seconds between BOOKMARK events of an idle watch that asked for them),
+    ``bookmark_interval`` (seconds between the BOOKMARK events of a watch that asked for them,
+    one minute as in the API server's watch cache; a watch also gets one 2 s before its
+    ``timeoutSeconds`` end),
     ``history_limit`` (changes kept for watches that resume from a resourceVersion) and ``user``
     (named in 403 messages). ``requests`` records every request.
     """
@@ -181,6 +183,7 @@ class FakeKube(Operator):
         )
         if crd_schema_path is not None:
             self._schema, self._validator = _load_crd(str(Path(crd_schema_path).resolve()))
+        self._grants: dict[str, tuple[str, str]] = {}
         self._app = self._make_app()
 
     # -- public API ------------------------------------------------------------------------------
@@ -199,6 +202,17 @@ class FakeKube(Operator):
             self.default_scenario = scenario
         else:
             self._scenarios[name] = scenario
+
+    def grant(self, token: str, namespace: str, service_account: str = "oms-mpijob-proxy") -> None:
+        """Accept bearer ``token`` as ServiceAccount ``namespace``/``service_account`` whose Role
+        is bound in ``namespace`` only (as ``k8s/base/rbac`` ships it).
+
+        The RBAC authorizer comes before everything else, so any request of that token in
+        another namespace, existing or not, is 403 Forbidden naming that user (not 404 or an
+        empty list, as with ``token`` or no token: an administrator's credentials).
+        :meth:`forbid` applies to it too.
+        """
+        self._grants[token] = (f"system:serviceaccount:{namespace}:{service_account}", namespace)
 
     def forbid(self, verb: str, resource: str) -> None:
         """Answer 403 to ``verb`` (``"*"``: any) on ``resource`` (``"mpijobs"``, ``"pods/log"``)."""
@@ -356,16 +370,18 @@ class FakeKube(Operator):
             request.transport.close()
         return web.Response(status=500)
 
-    def _authorize(self, request: RecordedRequest) -> None:
+    def _authorize(self, request: RecordedRequest, grant: tuple[str, str] | None) -> None:
         resource = request.resource
         full = f"{resource}/{request.subresource}" if request.subresource else resource
-        if not ({(request.verb, full), ("*", full)} & self._forbidden):
+        user = self.user if grant is None else grant[0]
+        outside = grant is not None and request.namespace != grant[1]
+        if not outside and not ({(request.verb, full), ("*", full)} & self._forbidden):
             return
         kind = _KINDS.get(resource)
         qualified = kind.qualified_resource if kind else resource
         target = f'{qualified} "{request.name}"' if request.name else qualified
         message = (
-            f'{target} is forbidden: User "{self.user}" cannot {request.verb} resource "{full}" '
+            f'{target} is forbidden: User "{user}" cannot {request.verb} resource "{full}" '
             f'in API group "{request.api_group}" in the namespace "{request.namespace}"'
         )
         details: Json = {"name": request.name} if request.name else {}
@@ -380,8 +396,9 @@ class FakeKube(Operator):
             return self._drop(request)
         fault: Fault | None = None
         try:
-            bearer = request.headers.get("Authorization")
-            if self.token is not None and bearer != f"Bearer {self.token}":
+            bearer = request.headers.get("Authorization") or ""
+            grant = self._grants.get(bearer.removeprefix("Bearer ")) if bearer else None
+            if grant is None and self.token is not None and bearer != f"Bearer {self.token}":
                 raise _ApiError(401, "Unauthorized", "Unauthorized")
             fault = self._take_fault(recorded)
             if fault is not None:
@@ -391,7 +408,7 @@ class FakeKube(Operator):
                 if fault.status is not None:
                     raise _fault_error(fault, fault.status)
             if recorded.resource:
-                self._authorize(recorded)
+                self._authorize(recorded, grant)
             response = await handler(request)
         except _ApiError as err:
             return err.response()
@@ -523,12 +540,16 @@ class FakeKube(Operator):
         return web.json_response(
             {
                 "major": "1",
-                "minor": "31",
-                "gitVersion": "v1.31.0",
+                "minor": "35",
+                "emulationMajor": "1",
+                "emulationMinor": "35",
+                "minCompatibilityMajor": "1",
+                "minCompatibilityMinor": "34",
+                "gitVersion": "v1.35.4",
                 "gitCommit": "0" * 40,
                 "gitTreeState": "clean",
-                "buildDate": "2024-08-13T07:28:49Z",
-                "goVersion": "go1.22.5",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.25.0",
                 "compiler": "gc",
                 "platform": "linux/amd64",
             }
@@ -595,7 +616,7 @@ class FakeKube(Operator):
         items = []
         for obj in (o for _, o in sorted(self._store[kind.resource].items()) if accepts(o)):
             item = copy.deepcopy(obj)
-            if not kind.group:  # core lists leave kind and apiVersion off their items
+            if kind is not MPIJOBS:  # built-in lists leave kind and apiVersion off their items
                 del item["kind"], item["apiVersion"]
             items.append(item)
         return web.json_response(
@@ -632,6 +653,7 @@ class FakeKube(Operator):
         else:
             initial = [c for c in self._history if c.rv > since and c.kind is kind]
         watcher = _Watcher(kind, accepts, asyncio.Queue())
+        cache_rv = since or self._rv
         for change in initial:
             watcher.queue.put_nowait(change)
         self._watchers.add(watcher)
@@ -642,7 +664,7 @@ class FakeKube(Operator):
         deadline = loop.time() + timeout if timeout is not None else None
         try:
             await response.prepare(request)
-            await self._pump(watcher, request, response, deadline, bookmarks)
+            await self._pump(watcher, request, response, deadline, bookmarks, cache_rv)
         except ConnectionError:
             _LOGGER.debug("watch client of %s went away", kind.resource)
         finally:
@@ -658,33 +680,53 @@ class FakeKube(Operator):
         response: web.StreamResponse,
         deadline: float | None,
         bookmarks: bool,
+        cache_rv: int,
     ) -> None:
-        """Send a watcher's changes until its deadline, shutdown, down() or the client leaves."""
+        """Send a watcher's changes until its deadline, shutdown, down() or the client leaves.
+
+        BOOKMARKs come as from the API server's watch cache: 2 s before the deadline and about
+        every ``bookmark_interval`` seconds otherwise, carrying the newest resourceVersion among
+        the changes of the watched kind (``cache_rv`` at first): a change of another kind does
+        not move it on.
+        """
         loop = asyncio.get_running_loop()
-        last_sent = loop.time()
+        next_bookmark = self._next_bookmark(loop.time(), deadline)
         while not self._closing and not self._down:
             if request.transport is None or request.transport.is_closing():
                 return
+            now = loop.time()
             wait = _IDLE_CHECK_SECONDS
             if deadline is not None:
-                wait = min(wait, deadline - loop.time())
+                wait = min(wait, deadline - now)
                 if wait <= 0:
                     return
-            try:
-                change = await asyncio.wait_for(watcher.queue.get(), wait)
-            except TimeoutError:
-                if bookmarks and loop.time() - last_sent >= self.bookmark_interval:
+            if bookmarks and next_bookmark is not None:
+                if now >= next_bookmark:
                     kind = watcher.kind
-                    meta = {"resourceVersion": str(self._rv)}
+                    meta = {"resourceVersion": str(cache_rv)}
                     bookmark = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": meta}
                     await response.write(_event_line("BOOKMARK", bookmark))
-                    last_sent = loop.time()
+                    next_bookmark = self._next_bookmark(loop.time(), deadline)
+                    continue
+                wait = min(wait, next_bookmark - now)
+            try:
+                change = await asyncio.wait_for(watcher.queue.get(), max(wait, 0.0))
+            except TimeoutError:
                 continue
             if change is None:
                 return
+            cache_rv = max(cache_rv, change.rv)
             if watcher.accepts(change.obj):
                 await response.write(_event_line(change.type, change.obj))
-                last_sent = loop.time()
+
+    def _next_bookmark(self, now: float, deadline: float | None) -> float | None:
+        """When the watch cache sends its next bookmark (cacheWatcher.nextBookmarkTime): in
+        ``bookmark_interval`` seconds, or 2 s before the deadline if that is sooner; None when
+        that moment has passed."""
+        at = now + self.bookmark_interval
+        if deadline is not None:
+            at = min(at, deadline - 2.0)
+        return at if at >= now else None
 
     async def _delete(self, kind: _Kind, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]

@@ -222,7 +222,10 @@ EVENTS = _Kind(
     | {f"involvedObject.{f}" for f in ("kind", "namespace", "name", "uid", "apiVersion")}
     | {"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "type"},
 )
-_KINDS = {k.resource: k for k in (MPIJOBS, CONFIGMAPS, PODS, EVENTS)}
+JOBS = _Kind("jobs", "Job", "batch", "v1", _META_LABELS | {"status.successful"})
+SERVICES = _Kind("services", "Service", "", "v1", _META_LABELS)
+SECRETS = _Kind("secrets", "Secret", "", "v1", _META_LABELS | {"type"})
+_KINDS = {k.resource: k for k in (MPIJOBS, CONFIGMAPS, PODS, EVENTS, JOBS, SERVICES, SECRETS)}
 
 
 def _kind_named(name: str) -> _Kind:
@@ -397,7 +400,7 @@ class Store:
         self.scenario_for: Callable[[Json], Scenario] = scenario_for or self._scenario_by_name
         self.default_scenario = Scenario()
         self.foreground_delay = foreground_delay
-        self.bookmark_interval = 1.0
+        self.bookmark_interval = 60.0
         self.history_limit = 10_000
         first_namespace = min(self.namespaces) if self.namespaces else "default"
         self.user = f"system:serviceaccount:{first_namespace}:oms-mpijob-proxy"
