@@ -565,9 +565,11 @@ async def test_finished_runs_are_deleted_after_the_retention(env: Env) -> None:
     name = env.job(state)["metadata"]["name"]
     cache = client.app[RUN_CACHE]
     assert cache is not None
+    # Deleted only once archived; then its finalizer holds it until the proxy releases it.
+    await env.kube.wait_until(lambda: env.kube.get_object("configmaps", NS, f"{name}-record"))
     await cache.sweep()
-    assert env.kube.get_object("mpijobs", NS, name) is None
-    # Pollers still get the final answer from the tombstone.
+    await env.kube.wait_until(lambda: env.kube.get_object("mpijobs", NS, name) is None)
+    # Pollers still get the final answer (from the run record).
     page = await (await client.get(f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}")).json()
     assert page["IsFinal"] is True
     assert page["Lines"][-1].endswith("(Completed)")

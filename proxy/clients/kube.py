@@ -482,6 +482,49 @@ class KubeClient:
 
         return await self._call(f"create ConfigMap {name}", go)
 
+    async def list_configmaps(self, label_selector: str) -> tuple[list[Obj], str]:
+        """ConfigMaps matching ``label_selector`` (plain dicts) and the list's resourceVersion."""
+
+        async def go(t: float) -> Obj:
+            result: Any = await self.core.list_namespaced_config_map(
+                self.namespace,
+                label_selector=label_selector,
+                _request_timeout=t,
+                _preload_content=False,
+            )
+            doc: Obj = json.loads(await _raw_body(result))
+            return doc
+
+        doc = await self._call("list ConfigMaps", go)
+        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch_configmaps(
+        self, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Like :meth:`watch_mpijobs`, for ConfigMaps (the run records)."""
+        stream = self._watch(
+            "watch ConfigMaps",
+            self.core.list_namespaced_config_map,
+            (self.namespace,),
+            label_selector,
+            resource_version,
+            timeout_seconds,
+        )
+        async for item in stream:
+            yield item
+
+    async def delete_configmap(self, name: str) -> None:
+        """Delete a ConfigMap (an expired run record)."""
+
+        async def go(t: float) -> None:
+            result: Any = await self.core.delete_namespaced_config_map(
+                name, self.namespace, _request_timeout=t, _preload_content=False
+            )
+            await _raw_body(result)
+
+        await self._call(f"delete ConfigMap {name}", go)
+
     async def list_pods(self, label_selector: str) -> list[Obj]:
         """Pods matching ``label_selector`` as plain dicts."""
         items, _rv = await self.list_pods_rv(label_selector)
@@ -541,7 +584,7 @@ class KubeClient:
             if tail_lines is not None:
                 kwargs["tail_lines"] = tail_lines
             result: Any = await self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
-            data: bytes = await result.read()
+            data = await _raw_body(result)  # a 404 (pod gone) must not read as log text
             return data.decode("utf-8", "replace")
 
         return await self._call(f"read log of pod {name}", go)

@@ -50,7 +50,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -66,6 +66,7 @@ from proxy.errors import (
     KubeInvalid,
     KubeObjectNotFound,
 )
+from proxy.follow.archiver import RunHistory
 from proxy.follow.informer import inform
 from proxy.follow.launcherlog import LauncherLog, first_launcher
 from proxy.follow.runinfo import resource_version
@@ -125,6 +126,10 @@ class RunCache(RunStore):
         self._events_forbidden = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.history: RunHistory | None = (
+            RunHistory(kube, config, clock=self.clock) if config.history.enabled else None
+        )
+        """The run records (None with ``history.enabled: false``)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -134,6 +139,8 @@ class RunCache(RunStore):
             self._spawn(self._inform_jobs(), "MPIJob informer")
             self._spawn(self._inform_pods(), "pod informer")
         self._spawn(self._sweep_forever(), "sweeper")
+        if self.history is not None:
+            await self.history.start()
 
     async def close(self) -> None:
         """Stop every background task and wait for them."""
@@ -142,6 +149,8 @@ class RunCache(RunStore):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.history is not None:
+            await self.history.close()
 
     def _spawn(self, coro: Awaitable[Any], what: str) -> asyncio.Task[Any]:
         async def guarded() -> Any:
@@ -337,6 +346,8 @@ class RunCache(RunStore):
             if not waited:
                 break
             view = self.peek(run)
+        if view is not None and view.is_final:
+            self._archive(run, view)
         return view
 
     # -- Events -----------------------------------------------------------------------------------
@@ -499,6 +510,104 @@ class RunCache(RunStore):
         finally:
             run.record_task = None
 
+    # -- the run history: archive, then release the MPIJob ------------------------------------
+
+    def _archive(self, run: Run, view: RunView) -> asyncio.Task[bool] | None:
+        """Archive a final run in the background unless it is (being) archived."""
+        history = self.history
+        if history is None or time.monotonic() < run.archive_after:
+            return None
+        task = history.archive(view)
+        if task is not None:
+
+            def done(t: asyncio.Task[bool]) -> None:
+                if not t.cancelled() and t.exception() is None and not t.result():
+                    run.archive_after = time.monotonic() + self.tuning.record_retry_seconds
+
+            task.add_done_callback(done)
+        return task
+
+    def _apply_job(self, change: str, obj: Obj) -> None:
+        super()._apply_job(change, obj)
+        self._watch_ending(name_of(obj))
+
+    def _replace_jobs(self, items: Iterable[Obj]) -> None:
+        jobs = list(items)
+        super()._replace_jobs(jobs)
+        for obj in jobs:
+            self._watch_ending(name_of(obj))
+
+    def _watch_ending(self, name: str) -> None:
+        """A run whose MPIJob is being deleted (or is gone) gets archived, then released."""
+        run = self._runs.get(name)
+        if self.history is None or run is None or run.finish_task is not None:
+            return
+        if run.deleted or _terminating(run.obj):
+            run.finish_task = self._spawn(self._finish(run), "archiving a deleted run")
+
+    async def _finish(self, run: Run) -> None:
+        """Archive a run whose MPIJob is being deleted, then remove our finalizer from it."""
+        history = self.history
+        assert history is not None
+        try:
+            for _ in range(50):
+                if history.archived(run.name) or history.forbidden:
+                    break
+                view = self.peek(run)
+                if view is None:
+                    return
+                launcher = view.launcher
+                if (
+                    not view.is_final
+                    and not run.deleted
+                    and launcher is not None
+                    and launcher.started_at is not None
+                    and (run.log is None or not run.log.complete)
+                ):
+                    # Nothing is written after this read: it is the run's last (its pods go
+                    # once the finalizer is released).
+                    if run.log_task is not None:
+                        await asyncio.shield(run.log_task)
+                    await self._read_log(run, launcher.pod, launcher.container, True)
+                view = await self.view(run)
+                if view is not None and view.is_final:
+                    task = self._archive(run, view)
+                    if task is not None and await task:
+                        break
+                await asyncio.sleep(min(self.tuning.record_retry_seconds, 1.0))
+            if history.archived(run.name) or history.forbidden:
+                await self._release(run)
+        finally:
+            run.finish_task = None
+
+    async def _release(self, run: Run) -> None:
+        """Remove :data:`names.RUN_RECORD_FINALIZER` from the run's MPIJob (if it has it)."""
+        for _ in range(3):
+            if run.deleted:
+                return
+            meta = run.obj.get("metadata") or {}
+            finalizers = list(meta.get("finalizers") or ())
+            if names.RUN_RECORD_FINALIZER not in finalizers:
+                return
+            patch: Obj = {
+                "metadata": {
+                    "resourceVersion": resource_version(run.obj),
+                    "finalizers": [f for f in finalizers if f != names.RUN_RECORD_FINALIZER],
+                }
+            }
+            try:
+                self._upsert_job(await self.kube.patch_mpijob(run.name, patch), force=True)
+                _LOGGER.info("run %s archived: MPIJob %s released", run.info.run_stamp, run.name)
+                return
+            except KubeAlreadyExists:  # 409: it changed; look again
+                with contextlib.suppress(KubeError):
+                    self._upsert_job(await self.kube.get_mpijob(run.name), force=True)
+            except KubeObjectNotFound:
+                return
+            except KubeError as e:
+                _LOGGER.warning("releasing MPIJob %s failed: %s", run.name, e)
+                return
+
     # -- stop and retention -----------------------------------------------------------------------
 
     async def stop(self, run: Run) -> None:
@@ -515,14 +624,23 @@ class RunCache(RunStore):
         """Expire tombstones, record start deadlines, delete finished MPIJobs past retention."""
         now, mono = self.clock(), time.monotonic()
         retention = timedelta(seconds=self.config.runs.finished_retention_seconds)
+        history = self.history
         for run in list(self._runs.values()):
             if run.deleted:
                 if run.gone_at is not None and mono - run.gone_at > self.tuning.tombstone_seconds:
                     self._unindex(run)
                 continue
+            if history is not None and _terminating(run.obj):
+                self._watch_ending(run.name)
+                continue
             view = self.peek(run)
             if view is None:
                 continue
+            archived = history is None or history.forbidden or history.archived(run.name)
+            if not archived and view.phase in ("succeeded", "failed", "deadline"):
+                view = await self.view(run)  # reads what the final view lacks; archives it
+                if view is None:
+                    continue
             if view.final_to_record is not None:
                 with contextlib.suppress(KubeError):
                     await self._ensure_events(view, wait=True)
@@ -534,6 +652,7 @@ class RunCache(RunStore):
                 and view.phase in ("succeeded", "failed", "deadline")
                 and view.final_at is not None
                 and now - view.final_at >= retention
+                and (archived or history is None or history.archived(run.name))
             ):
                 try:
                     await self.kube.delete_mpijob(run.name, propagation="Background")
@@ -542,6 +661,11 @@ class RunCache(RunStore):
                     pass
                 except KubeError as e:
                     _LOGGER.warning("deleting finished MPIJob %s failed: %s", run.name, e)
+
+
+def _terminating(obj: Obj) -> bool:
+    """The object is being deleted (``metadata.deletionTimestamp`` is set)."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 RUN_CACHE: web.AppKey[RunCache | None] = web.AppKey("run_cache")
