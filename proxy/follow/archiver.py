@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from proxy import names
 from proxy.clients.kube import KubeClient
 from proxy.config import Config
 from proxy.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeObjectNotFound
@@ -44,6 +45,7 @@ from proxy.follow.archive import (
     fit,
 )
 from proxy.follow.informer import inform
+from proxy.follow.runinfo import resource_version
 from proxy.follow.view import RunView
 
 _LOGGER = logging.getLogger(__name__)
@@ -99,6 +101,9 @@ class RunHistory:
         self._closed = False
         self.forbidden = False
         """Creating records is not allowed (RBAC): archiving is given up (logged once)."""
+        self.live: Callable[[str], bool] = lambda mpijob: False
+        """Whether an MPIJob still exists (set by the run cache): its record is not expired,
+        or the cache would only archive it again."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -338,7 +343,7 @@ class RunHistory:
         await self._ensure_fresh()
         gone = 0
         for entry in expired(
-            list(self._entries.values()),
+            [e for e in self._entries.values() if not self.live(e.mpijob)],
             self.clock(),
             retention_days=self.settings.retention_days,
             max_runs=self.settings.max_runs,
@@ -355,3 +360,34 @@ class RunHistory:
             self.counters.expired += 1
             gone += 1
         return gone
+
+
+async def release(kube: KubeClient, name: str, obj: Obj) -> Obj | None:
+    """Remove :data:`names.RUN_RECORD_FINALIZER` from MPIJob ``name`` (last seen as ``obj``).
+
+    The patch carries the resourceVersion (a 409 re-reads and tries again, three times at most).
+    Returns the patched MPIJob, or None when there was nothing to do or it failed (logged).
+    """
+    for _ in range(3):
+        finalizers = list((obj.get("metadata") or {}).get("finalizers") or ())
+        if names.RUN_RECORD_FINALIZER not in finalizers:
+            return None
+        patch: Obj = {
+            "metadata": {
+                "resourceVersion": resource_version(obj),
+                "finalizers": [f for f in finalizers if f != names.RUN_RECORD_FINALIZER],
+            }
+        }
+        try:
+            return await kube.patch_mpijob(name, patch)
+        except KubeAlreadyExists:  # 409: it changed; look again
+            try:
+                obj = await kube.get_mpijob(name)
+            except KubeError:
+                return None
+        except KubeObjectNotFound:
+            return None
+        except KubeError as e:
+            _LOGGER.warning("releasing MPIJob %s failed: %s", name, e)
+            return None
+    return None

@@ -35,9 +35,9 @@ user's back.
 
 **Retention of finished runs.** Finished MPIJobs (Succeeded, Failed, or past the start
 deadline) are kept for ``runs.finished_retention_seconds``, counted from when they finished, so
-that their log stays readable; then they are deleted. Every replica sweeps its cache every 30 s
-and may do it; a 404 (another replica was first) is fine. The MPI Operator's own
-``ttlSecondsAfterFinished`` only removes the launcher Job, never the MPIJob, hence this.
+that their log stays readable; then, once archived (the run history, :mod:`.archiver`), they are
+deleted. Every replica sweeps its cache every 30 s and may do it; a 404 is fine. A final or
+deleted run is archived by whoever sees it first, then the MPIJob's finalizer is released.
 
 RBAC: mpijobs get/list/watch/patch/delete, pods list/watch, pods/log get, events list.
 """
@@ -66,10 +66,10 @@ from proxy.errors import (
     KubeInvalid,
     KubeObjectNotFound,
 )
-from proxy.follow.archiver import RunHistory
+from proxy.follow.archiver import RunHistory, release
 from proxy.follow.informer import inform
 from proxy.follow.launcherlog import LauncherLog, first_launcher
-from proxy.follow.runinfo import resource_version
+from proxy.follow.runinfo import resource_version, terminating
 from proxy.follow.store import Run, RunStore, name_of
 from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
@@ -130,6 +130,8 @@ class RunCache(RunStore):
             RunHistory(kube, config, clock=self.clock) if config.history.enabled else None
         )
         """The run records (None with ``history.enabled: false``)."""
+        if self.history is not None:
+            self.history.live = self._exists
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -510,6 +512,10 @@ class RunCache(RunStore):
         finally:
             run.record_task = None
 
+    def _exists(self, mpijob: str) -> bool:
+        run = self._runs.get(mpijob)
+        return run is not None and not run.deleted
+
     # -- the run history: archive, then release the MPIJob ------------------------------------
 
     def _archive(self, run: Run, view: RunView) -> asyncio.Task[bool] | None:
@@ -542,7 +548,7 @@ class RunCache(RunStore):
         run = self._runs.get(name)
         if self.history is None or run is None or run.finish_task is not None:
             return
-        if run.deleted or _terminating(run.obj):
+        if run.deleted or terminating(run.obj):
             run.finish_task = self._spawn(self._finish(run), "archiving a deleted run")
 
     async def _finish(self, run: Run) -> None:
@@ -556,16 +562,15 @@ class RunCache(RunStore):
                 view = self.peek(run)
                 if view is None:
                     return
-                launcher = view.launcher
-                if (
-                    not view.is_final
-                    and not run.deleted
-                    and launcher is not None
-                    and launcher.started_at is not None
-                    and (run.log is None or not run.log.complete)
+                launcher, log = view.launcher, run.log
+                if not (
+                    view.is_final
+                    or run.deleted
+                    or launcher is None
+                    or launcher.started_at is None
+                    or (log is not None and log.complete)
                 ):
-                    # Nothing is written after this read: it is the run's last (its pods go
-                    # once the finalizer is released).
+                    # The run's last read: its pods go once the finalizer is released.
                     if run.log_task is not None:
                         await asyncio.shield(run.log_task)
                     await self._read_log(run, launcher.pod, launcher.container, True)
@@ -575,38 +580,13 @@ class RunCache(RunStore):
                     if task is not None and await task:
                         break
                 await asyncio.sleep(min(self.tuning.record_retry_seconds, 1.0))
-            if history.archived(run.name) or history.forbidden:
-                await self._release(run)
+            done = history.archived(run.name) or history.forbidden
+            obj = await release(self.kube, run.name, run.obj) if done and not run.deleted else None
+            if obj is not None:
+                self._upsert_job(obj, force=True)
+                _LOGGER.info("run %s archived: MPIJob %s released", run.info.run_stamp, run.name)
         finally:
             run.finish_task = None
-
-    async def _release(self, run: Run) -> None:
-        """Remove :data:`names.RUN_RECORD_FINALIZER` from the run's MPIJob (if it has it)."""
-        for _ in range(3):
-            if run.deleted:
-                return
-            meta = run.obj.get("metadata") or {}
-            finalizers = list(meta.get("finalizers") or ())
-            if names.RUN_RECORD_FINALIZER not in finalizers:
-                return
-            patch: Obj = {
-                "metadata": {
-                    "resourceVersion": resource_version(run.obj),
-                    "finalizers": [f for f in finalizers if f != names.RUN_RECORD_FINALIZER],
-                }
-            }
-            try:
-                self._upsert_job(await self.kube.patch_mpijob(run.name, patch), force=True)
-                _LOGGER.info("run %s archived: MPIJob %s released", run.info.run_stamp, run.name)
-                return
-            except KubeAlreadyExists:  # 409: it changed; look again
-                with contextlib.suppress(KubeError):
-                    self._upsert_job(await self.kube.get_mpijob(run.name), force=True)
-            except KubeObjectNotFound:
-                return
-            except KubeError as e:
-                _LOGGER.warning("releasing MPIJob %s failed: %s", run.name, e)
-                return
 
     # -- stop and retention -----------------------------------------------------------------------
 
@@ -630,7 +610,7 @@ class RunCache(RunStore):
                 if run.gone_at is not None and mono - run.gone_at > self.tuning.tombstone_seconds:
                     self._unindex(run)
                 continue
-            if history is not None and _terminating(run.obj):
+            if history is not None and terminating(run.obj):
                 self._watch_ending(run.name)
                 continue
             view = self.peek(run)
@@ -661,11 +641,6 @@ class RunCache(RunStore):
                     pass
                 except KubeError as e:
                     _LOGGER.warning("deleting finished MPIJob %s failed: %s", run.name, e)
-
-
-def _terminating(obj: Obj) -> bool:
-    """The object is being deleted (``metadata.deletionTimestamp`` is set)."""
-    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 RUN_CACHE: web.AppKey[RunCache | None] = web.AppKey("run_cache")

@@ -62,13 +62,15 @@ async def _final_or_live(
     """(the run's view, its live run): the archived record first, else the live MPIJob.
 
     A record, once written, is what every replica answers with for that run: it is the final
-    view, frozen. (None, None): the proxy does not know the stamp (oms answers).
+    view, frozen (a restarted replica may no longer read the launcher's log, the record keeps
+    it). (None, None): the proxy does not know the stamp (oms answers).
     """
     history = cache.history
     record = await history.find(stamp, model) if history is not None else None
-    if record is not None:
-        return record.view(), None
     run = await cache.find(stamp, model)
+    # A record cut by the size cap: the whole log while the MPIJob is there to read it from.
+    if record is not None and (not record.lines_not_kept or run is None or run.deleted):
+        return record.view(), None
     if run is None:
         return None, None
     return await cache.view(run), run
