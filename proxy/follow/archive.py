@@ -52,8 +52,9 @@ FINALIZER = names.RUN_RECORD_FINALIZER
 
 CONFIGMAP_LIMIT = 1 << 20
 """What the API server accepts in one ConfigMap's data (``data`` + ``binaryData``)."""
-MAX_RECORD_BYTES = 1_000_000
-"""Largest compressed record written (under :data:`CONFIGMAP_LIMIT`, room for the metadata)."""
+MAX_RECORD_BYTES = 700_000
+"""Largest compressed record written: under :data:`CONFIGMAP_LIMIT`, and with base64 and the
+metadata the create request stays under 1 MiB (the client sends it in one piece)."""
 
 _STATUS = {"succeeded": "s", "failed": "e", "deadline": "e", "stopped": "x"}
 _REASON_MARKS = (" run succeeded:", " run failed:", " run stopped:")

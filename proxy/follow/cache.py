@@ -303,7 +303,7 @@ class RunCache(RunStore):
         log = run.log
         if (gone or (run.deleted and launcher is None)) and (log is None or not log.complete):
             # No more output can be read: what we have is all there is.
-            log = log.finished() if log is not None else LauncherLog(complete=True)
+            log = (log or LauncherLog()).finished(cut=True)  # never read after its end
             run.log = log
             run.log_version += 1
         now = self.clock()
@@ -442,8 +442,8 @@ class RunCache(RunStore):
                 buf.add_full(await self.kube.read_pod_log(pod, name, timestamps=True))
             run.log = buf.snapshot(complete=ended)
             run.log_version += 1
-        except KubeObjectNotFound:
-            run.log = buf.snapshot(complete=True)
+        except KubeObjectNotFound:  # the pod went: what was read is all there is
+            run.log = buf.snapshot(complete=True).finished(cut=True)
             run.log_version += 1
         except KubeInvalid as e:  # 400: not started yet, or no such container
             _LOGGER.debug("log of %s not readable yet: %s", pod, e)
@@ -574,6 +574,8 @@ class RunCache(RunStore):
                     if run.log_task is not None:
                         await asyncio.shield(run.log_task)
                     await self._read_log(run, launcher.pod, launcher.container, True)
+                    if launcher.terminated is None and run.log is not None:
+                        run.log, run.log_version = run.log.finished(cut=True), run.log_version + 1
                 view = await self.view(run)
                 if view is not None and view.is_final:
                     task = self._archive(run, view)

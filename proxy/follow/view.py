@@ -541,6 +541,10 @@ def compute_view(
 
     is_final = final and frozen and (not started or phase == "deadline" or log_complete)
     if is_final and final_at is not None:
+        if started and phase != "deadline" and log is not None and log.cut:
+            lines.append(
+                f"{PREFIX}the launcher's output could not be read to its end: its pod is gone"
+            )
         lines.extend(_epilogue(job, phase, final_at, launcher, recorded, tz, deadline, reasons))
 
     updated = _latest_change(job, info, launcher, last_log, final_at)

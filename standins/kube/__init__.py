@@ -9,13 +9,16 @@ What it emulates:
 
 - ``kubeflow.org/v2beta1`` ``mpijobs``: create (with ``dryRun=All``), get, ``/status`` get, list,
   watch, merge or JSON patch, and delete with Background, Foreground or Orphan propagation and an
-  owner-reference cascade. Core ``configmaps`` (create, get, list, watch, delete), ``pods`` (get,
+  owner-reference cascade; finalizers as the API server has them (a deleted object with
+  finalizers stays, with ``deletionTimestamp``, until a patch removes the last one, and only then
+  are its dependents deleted; none may be added while it terminates). Core ``configmaps`` (create, get, list, watch, delete), ``pods`` (get,
   list, watch, ``/log`` with ``follow``) and ``events`` (get, list, watch). ``/version`` and the
   ``kubeflow.org/v2beta1`` discovery document.
 - Admission of an MPIJob as the API server does it: the CRD's OpenAPI schema (when a CRD file is
   given; needs ``jsonschema``) with pruning, defaulting and ``fieldValidation`` Strict, Warn (a
   ``Warning`` header) or Ignore; metadata name, label and annotation rules; quota
-  (``quota_exceeded``); optimistic concurrency (409 Conflict) on patch.
+  (``quota_exceeded``); optimistic concurrency (409 Conflict) on patch; the 1 MiB limit of a
+  ConfigMap's data (422).
 - Errors as real ``Status`` bodies: 400, 401 (``token``), 403 (:meth:`FakeKube.forbid`, quota),
   404 (object, namespace, missing CRD), 405, 409, 410 (watch), 415, 422, and programmed faults
   (:class:`Fault`): 429 with ``Retry-After``, 5xx, delays and dropped connections.

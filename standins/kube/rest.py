@@ -287,7 +287,8 @@ class FakeKube(Operator):
         async def kube_api(request: web.Request, handler: _Handler) -> web.StreamResponse:
             return await self._dispatch(request, handler)
 
-        app = web.Application(middlewares=[kube_api])
+        # The API server takes request bodies up to 3 MiB (etcd's limit is about 1.5 MiB).
+        app = web.Application(middlewares=[kube_api], client_max_size=3 << 20)
         router = app.router
         router.add_get("/version", self._version)
         router.add_get("/version/", self._version)  # as VersionApi asks
