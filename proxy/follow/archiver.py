@@ -32,7 +32,13 @@ from typing import Any
 from proxy import names
 from proxy.clients.kube import KubeClient
 from proxy.config import Config
-from proxy.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeObjectNotFound
+from proxy.errors import (
+    KubeAlreadyExists,
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeObjectNotFound,
+)
 from proxy.follow.archive import (
     SELECTOR,
     RecordEntry,
@@ -380,7 +386,7 @@ async def release(kube: KubeClient, name: str, obj: Obj) -> Obj | None:
         }
         try:
             return await kube.patch_mpijob(name, patch)
-        except KubeAlreadyExists:  # 409: it changed; look again
+        except KubeConflict:  # 409: it changed; look again
             try:
                 obj = await kube.get_mpijob(name)
             except KubeError:

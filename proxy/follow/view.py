@@ -457,11 +457,14 @@ def compute_view(
     deleted_at: datetime | None = None,
     now: datetime,
     settings: ViewSettings,
+    unreadable: Sequence[str] = (),
 ) -> RunView | None:
     """The view of the run in MPIJob ``job`` (None if ``job`` is not a launched run).
 
     ``pods`` are the job's current pods; ``launcher_pod`` the launcher to follow (default: the
     earliest in ``pods``); ``deleted_at`` is set for a tombstone (the MPIJob is gone).
+    ``unreadable`` says what could not be read from the Kubernetes API and why; the lines say
+    it in one line of their own (until it can be read again).
     """
     info = run_info(job)
     if info is None:
@@ -540,6 +543,8 @@ def compute_view(
         final_to_record = FinalMessage(DEADLINE_REASON, final_at, deadline, reasons)
 
     is_final = final and frozen and (not started or phase == "deadline" or log_complete)
+    if unreadable:
+        lines.append(clean_text(f"{PREFIX}could not read {'; '.join(unreadable)}"))
     if is_final and final_at is not None:
         if started and phase != "deadline" and log is not None and log.cut:
             lines.append(
