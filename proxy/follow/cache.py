@@ -50,7 +50,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -66,7 +66,7 @@ from proxy.errors import (
     KubeInvalid,
     KubeObjectNotFound,
 )
-from proxy.follow.archiver import RunHistory, release
+from proxy.follow.archiver import RunHistory
 from proxy.follow.informer import inform
 from proxy.follow.launcherlog import LauncherLog, first_launcher
 from proxy.follow.runinfo import resource_version, terminating
@@ -128,12 +128,8 @@ class RunCache(RunStore):
         self._events_forbidden = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        self.history: RunHistory | None = (
-            RunHistory(kube, config, clock=self.clock) if config.history.enabled else None
-        )
-        """The run records (None with ``history.enabled: false``)."""
-        if self.history is not None:
-            self.history.live = self._exists
+        self.history: RunHistory | None = None
+        """The run records (see :class:`~proxy.follow.ending.ArchivingRunCache`)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -532,85 +528,14 @@ class RunCache(RunStore):
         finally:
             run.record_task = None
 
-    def _exists(self, mpijob: str) -> bool:
-        run = self._runs.get(mpijob)
-        return run is not None and not run.deleted
-
-    # -- the run history: archive, then release the MPIJob ------------------------------------
+    # -- hooks of the run history (:mod:`proxy.follow.ending`) -------------------------------
 
     def _archive(self, run: Run, view: RunView) -> asyncio.Task[bool] | None:
-        """Archive a final run in the background unless it is (being) archived."""
-        history = self.history
-        if history is None or time.monotonic() < run.archive_after:
-            return None
-        if self._pods_problem or run.log_problem:
-            return None  # a passing read failure is no part of the run's final lines
-        task = history.archive(view)
-        if task is not None:
-
-            def done(t: asyncio.Task[bool]) -> None:
-                if not t.cancelled() and t.exception() is None and not t.result():
-                    run.archive_after = time.monotonic() + self.tuning.record_retry_seconds
-
-            task.add_done_callback(done)
-        return task
-
-    def _apply_job(self, change: str, obj: Obj) -> None:
-        super()._apply_job(change, obj)
-        self._watch_ending(name_of(obj))
-
-    def _replace_jobs(self, items: Iterable[Obj]) -> None:
-        jobs = list(items)
-        super()._replace_jobs(jobs)
-        for obj in jobs:
-            self._watch_ending(name_of(obj))
+        """Archive a final run (here: nothing; :class:`~proxy.follow.ending.ArchivingRunCache`)."""
+        return None
 
     def _watch_ending(self, name: str) -> None:
-        """A run whose MPIJob is being deleted (or is gone) gets archived, then released."""
-        run = self._runs.get(name)
-        if self.history is None or run is None or run.finish_task is not None:
-            return
-        if run.deleted or terminating(run.obj):
-            run.finish_task = self._spawn(self._finish(run), "archiving a deleted run")
-
-    async def _finish(self, run: Run) -> None:
-        """Archive a run whose MPIJob is being deleted, then remove our finalizer from it."""
-        history = self.history
-        assert history is not None
-        try:
-            for _ in range(50):
-                if history.archived(run.name) or history.forbidden:
-                    break
-                view = self.peek(run)
-                if view is None:
-                    return
-                launcher, log = view.launcher, run.log
-                if not (
-                    view.is_final
-                    or run.deleted
-                    or launcher is None
-                    or launcher.started_at is None
-                    or (log is not None and log.complete)
-                ):
-                    # The run's last read: its pods go once the finalizer is released.
-                    if run.log_task is not None:
-                        await asyncio.shield(run.log_task)
-                    await self._read_log(run, launcher.pod, launcher.container, True)
-                    if launcher.terminated is None and run.log is not None:
-                        run.log, run.log_version = run.log.finished(cut=True), run.log_version + 1
-                view = await self.view(run)
-                if view is not None and view.is_final:
-                    task = self._archive(run, view)
-                    if task is not None and await task:
-                        break
-                await asyncio.sleep(min(self.tuning.record_retry_seconds, 1.0))
-            done = history.archived(run.name) or history.forbidden
-            obj = await release(self.kube, run.name, run.obj) if done and not run.deleted else None
-            if obj is not None:
-                self._upsert_job(obj, force=True)
-                _LOGGER.info("run %s archived: MPIJob %s released", run.info.run_stamp, run.name)
-        finally:
-            run.finish_task = None
+        """A run's MPIJob is being deleted or is gone (here: nothing)."""
 
     # -- stop and retention -----------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from proxy.errors import (
 )
 from proxy.follow.archive import RecordEntry
 from proxy.follow.cache import RUN_CACHE, RunCache
+from proxy.follow.ending import ArchivingRunCache
 from proxy.follow.omsshapes import (
     PagingError,
     log_page,
@@ -254,7 +255,7 @@ async def run_cache_context(app: web.Application) -> AsyncIterator[None]:
     Append it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
     """
     kube = app.get(KUBE)
-    cache = RunCache(kube, app[CONFIG]) if kube is not None else None
+    cache = ArchivingRunCache(kube, app[CONFIG]) if kube is not None else None
     app[RUN_CACHE] = cache
     if cache is not None:
         await cache.start()
