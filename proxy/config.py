@@ -408,9 +408,10 @@ class HistoryConfig:
         metadata=_doc("At most this many run records are kept; the oldest go first."),
     )
     max_total_bytes: int = dataclasses.field(
-        default=200 << 20,
+        default=64 << 20,
         metadata=_doc(
-            "At most this many bytes (compressed) of run records are kept; the oldest go first."
+            "At most this many bytes (compressed) of run records are kept; the oldest go first. "
+            "Every replica holds them in memory: keep it well under the pod's memory limit."
         ),
     )
     max_log_bytes: int = dataclasses.field(

@@ -232,7 +232,9 @@ async def test_retention_and_caps_expire_records_with_metrics(env: Env, kube_api
         await delete_by_hand(kube_api, name)
     await env.kube.wait_until(lambda: not env.kube.objects("mpijobs", NS))
     async with asyncio.timeout(3):  # the proxy's watch shows the deletions
-        while any(cache._exists(n) for n in jobs):
+        while True:
+            if not any(cache._exists(n) for n in jobs):
+                break
             await asyncio.sleep(TICK)
     history.settings = type(history.settings)(max_runs=2)
     assert await history.sweep() == 1

@@ -324,7 +324,7 @@ def record_of(view: RunView, archived_at: datetime, max_log_bytes: int) -> RunRe
 def encode(record: RunRecord) -> bytes:
     """The record as gzip'd JSON (deterministic: no file name, no time in the gzip header)."""
     text = json.dumps(record.to_json(), ensure_ascii=False, separators=(",", ":"))
-    return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
+    return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
 
 
 def decode(blob: bytes) -> RunRecord:

@@ -303,7 +303,8 @@ class RunHistory:
         return task
 
     async def _write(self, view: RunView) -> bool:
-        record, blob = fit(view, self.clock(), self.settings.max_log_bytes)
+        # Compressing a long log takes a while: not on the event loop.
+        record, blob = await asyncio.to_thread(fit, view, self.clock(), self.settings.max_log_bytes)
         body = configmap_of(record, blob)
         try:
             created = await self.kube.create_configmap(body)

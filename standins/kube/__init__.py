@@ -11,9 +11,10 @@ What it emulates:
   watch, merge or JSON patch, and delete with Background, Foreground or Orphan propagation and an
   owner-reference cascade; finalizers as the API server has them (a deleted object with
   finalizers stays, with ``deletionTimestamp``, until a patch removes the last one, and only then
-  are its dependents deleted; none may be added while it terminates). Core ``configmaps`` (create, get, list, watch, delete), ``pods`` (get,
-  list, watch, ``/log`` with ``follow``) and ``events`` (get, list, watch). ``/version`` and the
-  ``kubeflow.org/v2beta1`` discovery document.
+  are its dependents deleted; none may be added while it terminates). Core ``configmaps``
+  (create, get, list, watch, delete), ``pods`` (get, list, watch, ``/log`` with ``follow``) and
+  ``events`` (get, list, watch). ``/version`` and the ``kubeflow.org/v2beta1`` discovery
+  document.
 - Admission of an MPIJob as the API server does it: the CRD's OpenAPI schema (when a CRD file is
   given; needs ``jsonschema``) with pruning, defaulting and ``fieldValidation`` Strict, Warn (a
   ``Warning`` header) or Ignore; metadata name, label and annotation rules; quota
