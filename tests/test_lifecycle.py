@@ -464,6 +464,9 @@ async def test_kubernetes_requests_stay_under_one_per_second_per_running_job(env
             await asyncio.sleep(TICK)
     seconds = loop.time() - began
     made = env.kube.requests[count:]
+    records = [r for r in made if r.resource == "configmaps" and r.verb == "create"]
+    assert len(records) <= 1  # the run record, written once when the run ends
+    made = [r for r in made if r not in records]
     assert seconds > 1.5
     assert len(made) <= seconds + 1, [(r.method, r.path) for r in made]
     assert all(p.model_lines() == first.model_lines() for p in pollers)
