@@ -70,11 +70,11 @@ async def _final_or_live(
     record = await history.find(stamp, model) if history is not None else None
     run = await cache.find(stamp, model)
     # A record cut by the size cap: the whole log while the MPIJob is there to read it from.
+    # The live view too: it records what the MPIJob still lacks (no I/O once it is final).
+    live = await cache.view(run) if run is not None else None
     if record is not None and (not record.lines_not_kept or run is None or run.deleted):
         return record.view(), None
-    if run is None:
-        return None, None
-    return await cache.view(run), run
+    return live, run
 
 
 async def _newest_views(cache: RunCache, model: str) -> list[tuple[str, datetime, _ViewOf]]:
