@@ -28,6 +28,7 @@ from proxy.follow.cache import RUN_CACHE, RunCache
 from proxy.follow.ending import ArchivingRunCache
 from proxy.follow.omsshapes import (
     PagingError,
+    job_details,
     log_page,
     parse_go_int,
     progress_item,
@@ -244,9 +245,7 @@ async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
         oms_list = (await oms_get(request, path + "/status/list")).json()
         if isinstance(oms_list, list) and oms_list:
             item = progress_item(oms_list[0], view) or oms_list[0]
-    return _json(
-        {"JobStatus": "", **run_job(view), "RunStatus": [item], "Lines": list(view.lines)}, request
-    )
+    return _json(job_details(view, item), request)
 
 
 async def run_cache_context(app: web.Application) -> AsyncIterator[None]:

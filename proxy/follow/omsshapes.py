@@ -155,6 +155,11 @@ def run_job(view: RunView) -> dict[str, Any]:
     }
 
 
+def job_details(view: RunView, run_status: Any) -> dict[str, Any]:
+    """The answer to ``/api/service/job/active/<submitStamp>``: RunJob, its status, its log."""
+    return {"JobStatus": "", **run_job(view), "RunStatus": [run_status], "Lines": list(view.lines)}
+
+
 # --- progress items -------------------------------------------------------------------------
 
 _OVERRIDDEN = frozenset({"failed", "stopped", "deadline"})
