@@ -175,6 +175,47 @@ async def test_a_run_outlives_its_mpijob_and_a_proxy_restart(
     assert (record.run_name, record.mpi_np, record.lines_not_kept) == ("test run", 2, 0)
 
 
+async def test_a_run_that_never_started_is_final_e_after_its_mpijob(
+    env: Env, kube_api: Any
+) -> None:
+    """Image pull back-off until the start deadline: no model line, status e, for good."""
+    _scenario(env.kube, kind="image-pull")
+    client = await env.proxy(env.config(start_deadline_seconds=1.0))
+    state = await env.submit(client)
+    name = env.job(state)["metadata"]["name"]
+    poller = await UiPoller(client, state["RunStamp"]).run()
+    assert poller.model_lines() == []
+    await env.kube.wait_until(lambda: record_name(name) in records(env.kube))
+    await delete_by_hand(kube_api, name)
+    await env.kube.wait_until(lambda: env.kube.get_object("mpijobs", NS, name) is None)
+    await client.close()
+    restarted = await env.proxy(env.config(start_deadline_seconds=1.0, watch=False))
+    await assert_same_as_served(restarted, poller, "e")  # watch off: listed directly
+    assert "did not start within 1 s" in "\n".join(poller.lines)
+
+
+async def test_a_running_job_deleted_by_hand_is_read_archived_then_released(
+    env: Env, kube_api: Any
+) -> None:
+    _scenario(env.kube, line_interval=0.2)
+    client = await env.proxy()
+    state = await env.submit(client)
+    name = env.job(state)["metadata"]["name"]
+    poller = UiPoller(client, state["RunStamp"])
+    async with asyncio.timeout(5):
+        while len(poller.model_lines()) < 2:
+            await poller.step()
+            await asyncio.sleep(TICK)
+    await delete_by_hand(kube_api, name)  # kubectl delete: the pods stay while it is held
+    await poller.run()
+    await env.kube.wait_until(lambda: env.kube.get_object("mpijobs", NS, name) is None)
+    assert poller.lines[-1].endswith(f"run stopped: MPIJob {name} deleted")
+    assert "could not be read to its end" in poller.lines[-2]
+    assert 2 <= len(poller.model_lines()) < len(MODEL_LINES)
+    await client.close()
+    await assert_same_as_served(await env.proxy(), poller, "x")
+
+
 async def test_a_record_is_written_once_whoever_sees_the_end(env: Env, kube_api: Any) -> None:
     """Two replicas behind one load balancer: one record, and both serve the same lines."""
     first, second = await env.proxy(), await env.proxy()

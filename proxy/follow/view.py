@@ -548,7 +548,8 @@ def compute_view(
     if is_final and final_at is not None:
         if started and phase != "deadline" and log is not None and log.cut:
             lines.append(
-                f"{PREFIX}the launcher's output could not be read to its end: its pod is gone"
+                f"{PREFIX}the launcher's output could not be read to its end: its pod went "
+                "before the run ended"
             )
         lines.extend(_epilogue(job, phase, final_at, launcher, recorded, tz, deadline, reasons))
 
