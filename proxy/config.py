@@ -271,7 +271,10 @@ class RunsConfig:
     )
     finished_retention_seconds: float = dataclasses.field(
         default=3600.0,
-        metadata=_doc("Finished MPIJobs are kept this long (logs stay readable), then deleted."),
+        metadata=_doc(
+            "Finished MPIJobs are kept this long (logs stay readable), then deleted once their "
+            "run is archived (history.*)."
+        ),
     )
 
 
