@@ -410,3 +410,33 @@ def test_a_record_round_trips_through_its_configmap() -> None:
     assert entry is not None
     assert decode(entry.blob) == record
     assert isinstance(record, RunRecord)
+
+
+async def test_a_failing_archive_is_retried_and_a_refused_one_lets_the_mpijob_go(
+    env: Env, kube_api: Any
+) -> None:
+    from standins.kube import Fault
+
+    client = await env.proxy()
+    _scenario(env.kube, log_lines=["a", "b"], line_interval=0.01)
+    state = await env.submit(client)
+    name = env.job(state)["metadata"]["name"]
+    # The API fails the record's create (retried, the next attempt lands).
+    env.kube.add_fault(Fault("POST", "configmaps", status=503, times=8))
+    await UiPoller(client, state["RunStamp"]).run()
+    await delete_by_hand(kube_api, name)
+    await env.kube.wait_until(lambda: env.kube.get_object("mpijobs", NS, name) is None, 10)
+    assert record_name(name) in records(env.kube)  # it waited for the record
+
+    state = await env.submit(client)
+    name = env.job(state)["metadata"]["name"]
+    env.kube.add_fault(Fault("POST", "configmaps", status=422, times=1))
+    poller = await UiPoller(client, state["RunStamp"]).run()
+    await delete_by_hand(kube_api, name)
+    # Refused as invalid: it will not change on a retry, so the MPIJob is not held for ever.
+    await env.kube.wait_until(lambda: env.kube.get_object("mpijobs", NS, name) is None)
+    assert record_name(name) not in records(env.kube)
+    text = await (await client.get("/metrics")).text()
+    assert 'omsproxy_run_records_total{outcome="failed"}' in text
+    page = await (await client.get(f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}")).json()
+    assert page["Lines"] == poller.lines  # this replica still has it (its tombstone)

@@ -37,6 +37,7 @@ from proxy.errors import (
     KubeConflict,
     KubeError,
     KubeForbidden,
+    KubeInvalid,
     KubeObjectNotFound,
 )
 from proxy.follow.archive import (
@@ -107,6 +108,8 @@ class RunHistory:
         self._closed = False
         self.forbidden = False
         """Creating records is not allowed (RBAC): archiving is given up (logged once)."""
+        self.refused: set[str] = set()
+        """MPIJobs whose record the API server refused as invalid (422): not tried again."""
         self.live: Callable[[str], bool] = lambda mpijob: False
         """Whether an MPIJob still exists (set by the run cache): its record is not expired,
         or the cache would only archive it again."""
@@ -244,6 +247,11 @@ class RunHistory:
         """A record of MPIJob ``mpijob`` exists (in memory; no I/O)."""
         return mpijob in self._by_mpijob
 
+    def settled(self, mpijob: str) -> bool:
+        """Nothing more will be done for MPIJob ``mpijob``: archived, or archiving given up
+        (records forbidden by RBAC, or this record refused as invalid): it may go."""
+        return self.archived(mpijob) or self.forbidden or mpijob in self.refused
+
     def get(self, stamp: str, model: str | None = None) -> RunRecord | None:
         """The record of the run with run or submit stamp ``stamp`` (of ``model``), from memory."""
         best: RecordEntry | None = None
@@ -285,7 +293,7 @@ class RunHistory:
     def archive(self, view: RunView) -> asyncio.Task[bool] | None:
         """Archive a final view in the background, once (None: archived or being archived)."""
         name = view.info.name
-        if self.archived(name) or self.forbidden:
+        if self.settled(name):
             return None
         task = self._writing.get(name)
         if task is not None:
@@ -321,6 +329,11 @@ class RunHistory:
                 "outlive their MPIJobs: %s",
                 e,
             )
+            return False
+        except KubeInvalid as e:  # will not change on a retry: the MPIJob may go without it
+            self.counters.failed += 1
+            self.refused.add(view.info.name)
+            _LOGGER.error("the record of run %s was refused: %s", view.info.run_stamp, e)
             return False
         except KubeError as e:
             self.counters.failed += 1

@@ -568,7 +568,7 @@ class RunCache(RunStore):
             view = self.peek(run)
             if view is None:
                 continue
-            archived = history is None or history.forbidden or history.archived(run.name)
+            archived = history is None or history.settled(run.name)
             if not archived and view.phase in ("succeeded", "failed", "deadline"):
                 view = await self.view(run)  # reads what the final view lacks; archives it
                 if view is None:

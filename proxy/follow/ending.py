@@ -95,7 +95,7 @@ class ArchivingRunCache(RunCache):
         assert history is not None
         try:
             for _ in range(50):
-                if history.archived(run.name) or history.forbidden:
+                if history.settled(run.name):
                     break
                 view = self.peek(run)
                 if view is None:
@@ -120,7 +120,7 @@ class ArchivingRunCache(RunCache):
                     if task is not None and await task:
                         break
                 await asyncio.sleep(min(self.tuning.record_retry_seconds, 1.0))
-            done = history.archived(run.name) or history.forbidden
+            done = history.settled(run.name)
             obj = await release(self.kube, run.name, run.obj) if done and not run.deleted else None
             if obj is not None:
                 self._upsert_job(obj, force=True)
