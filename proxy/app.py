@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -37,7 +38,7 @@ from proxy.follow.handlers import (
     run_cache_context,
 )
 from proxy.keys import CONFIG, METRICS, REQUEST_ID_KEY, STATE
-from proxy.metrics import Metrics, submission_outcome
+from proxy.metrics import HistoryFigures, Metrics, submission_outcome
 from proxy.passthrough import headers as hdr
 from proxy.passthrough.client import Upstream
 from proxy.passthrough.forward import UPSTREAM, forward
@@ -172,6 +173,15 @@ def _count(request: web.Request, status: int, seconds: float, error: ProxyError 
 def _phase_counts(app: web.Application) -> dict[str, int]:
     cache = app.get(RUN_CACHE)
     return cache.phase_counts() if cache is not None else {}
+
+
+def _history_figures(app: web.Application) -> HistoryFigures | None:
+    cache = app.get(RUN_CACHE)
+    history = cache.history if cache is not None else None
+    if history is None:
+        return None
+    records, size = history.stats()
+    return HistoryFigures(records, size, dataclasses.asdict(history.counters))
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -330,6 +340,7 @@ def create_app(config: Config) -> web.Application:
     app[CONFIG] = config
     app[METRICS] = metrics = Metrics()
     metrics.phases.source = lambda: _phase_counts(app)
+    metrics.history.source = lambda: _history_figures(app)
     app[STATE] = {}
     if config.runs.intercept != "none":
         app[TEMPLATE] = load_template(config.template_path())

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -1317,3 +1318,77 @@ def test_find_crd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert find_crd() == SCHEMA_CRD
     assert SCHEMA_CRD.is_file()
     assert SCHEMA_CRD.resolve().is_relative_to(Path(__file__).resolve().parents[1])
+
+
+# --- finalizers, and the ConfigMap size limit ----------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["Background", "Foreground"])
+async def test_a_finalizer_holds_a_deleted_job_until_it_is_removed(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api, policy: str
+) -> None:
+    body = mpijob()
+    body["metadata"]["finalizers"] = ["example.org/keep"]
+    job = await custom.create_namespaced_custom_object(G, V, NS, P, body)
+    owner = {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "name": "run-1",
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+    }
+    ini = {"metadata": {"name": "run-1-ini", "ownerReferences": [owner]}, "data": {"a": "b"}}
+    await core.create_namespaced_config_map(NS, ini)
+    await custom.delete_namespaced_custom_object(G, V, NS, P, "run-1", propagation_policy=policy)
+    await asyncio.sleep(fake_kube.foreground_delay * 3)
+    held = fake_kube.get_object("mpijobs", NS, "run-1")
+    assert held is not None  # terminating, as on a real API server
+    assert held["metadata"]["deletionTimestamp"]
+    assert held["metadata"]["finalizers"] == ["example.org/keep"]
+    # Background: the dependents wait for the owner; Foreground: they went first.
+    dependent = fake_kube.get_object("configmaps", NS, "run-1-ini")
+    assert (dependent is None) == (policy == "Foreground")
+    # No new finalizer on a terminating object.
+    with pytest.raises(ApiException) as err:
+        await custom.patch_namespaced_custom_object(
+            G,
+            V,
+            NS,
+            P,
+            "run-1",
+            {"metadata": {"finalizers": ["example.org/keep", "other/x"]}},
+            _content_type="application/merge-patch+json",
+        )
+    assert err.value.status == 422
+    rv = held["metadata"]["resourceVersion"]
+    await custom.patch_namespaced_custom_object(
+        G,
+        V,
+        NS,
+        P,
+        "run-1",
+        {"metadata": {"resourceVersion": rv, "finalizers": []}},
+        _content_type="application/merge-patch+json",
+    )
+    assert fake_kube.get_object("mpijobs", NS, "run-1") is None
+    assert fake_kube.get_object("configmaps", NS, "run-1-ini") is None
+
+
+async def test_a_configmap_over_1_mib_is_invalid(core: client.CoreV1Api) -> None:
+    import base64
+
+    big = base64.b64encode(b"\0" * ((1 << 20) + 1)).decode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # aiohttp: a body over 1 MiB
+        with pytest.raises(ApiException) as err:
+            await core.create_namespaced_config_map(
+                NS, {"metadata": {"name": "big"}, "binaryData": {"x": big}}
+            )
+    assert err.value.status == 422
+    assert "must have at most 1048576 bytes" in status_of(err.value)["message"]
+    ok = base64.b64encode(b"\0" * 1000).decode()
+    await core.create_namespaced_config_map(
+        NS, {"metadata": {"name": "small", "labels": {"k": "v"}}, "binaryData": {"x": ok}}
+    )
+    listed = await core.list_namespaced_config_map(NS, label_selector="k=v")
+    assert [c.metadata.name for c in listed.items] == ["small"]

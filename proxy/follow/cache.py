@@ -35,9 +35,9 @@ user's back.
 
 **Retention of finished runs.** Finished MPIJobs (Succeeded, Failed, or past the start
 deadline) are kept for ``runs.finished_retention_seconds``, counted from when they finished, so
-that their log stays readable; then they are deleted. Every replica sweeps its cache every 30 s
-and may do it; a 404 (another replica was first) is fine. The MPI Operator's own
-``ttlSecondsAfterFinished`` only removes the launcher Job, never the MPIJob, hence this.
+that their log stays readable; then, once archived (the run history, :mod:`.archiver`), they are
+deleted. Every replica sweeps its cache every 30 s and may do it; a 404 is fine. A final or
+deleted run is archived by whoever sees it first, then the MPIJob's finalizer is released.
 
 RBAC: mpijobs get/list/watch/patch/delete, pods list/watch, pods/log get, events list.
 """
@@ -66,9 +66,10 @@ from proxy.errors import (
     KubeInvalid,
     KubeObjectNotFound,
 )
+from proxy.follow.archiver import RunHistory
 from proxy.follow.informer import inform
 from proxy.follow.launcherlog import LauncherLog, first_launcher
-from proxy.follow.runinfo import resource_version
+from proxy.follow.runinfo import resource_version, terminating
 from proxy.follow.store import Run, RunStore, name_of
 from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
@@ -128,6 +129,8 @@ class RunCache(RunStore):
         self._events_problem: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.history: RunHistory | None = None
+        """The run records (see :class:`~proxy.follow.ending.ArchivingRunCache`)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -137,6 +140,8 @@ class RunCache(RunStore):
             self._spawn(self._inform_jobs(), "MPIJob informer")
             self._spawn(self._inform_pods(), "pod informer")
         self._spawn(self._sweep_forever(), "sweeper")
+        if self.history is not None:
+            await self.history.start()
 
     async def close(self) -> None:
         """Stop every background task and wait for them."""
@@ -145,6 +150,8 @@ class RunCache(RunStore):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.history is not None:
+            await self.history.close()
 
     def _spawn(self, coro: Awaitable[Any], what: str) -> asyncio.Task[Any]:
         async def guarded() -> Any:
@@ -306,7 +313,7 @@ class RunCache(RunStore):
         log = run.log
         if (gone or (run.deleted and launcher is None)) and (log is None or not log.complete):
             # No more output can be read: what we have is all there is.
-            log = log.finished() if log is not None else LauncherLog(complete=True)
+            log = (log or LauncherLog()).finished(cut=True)  # never read after its end
             run.log = log
             run.log_version += 1
         now = self.clock()
@@ -355,6 +362,8 @@ class RunCache(RunStore):
             if not waited:
                 break
             view = self.peek(run)
+        if view is not None and view.is_final:
+            self._archive(run, view)
         return view
 
     # -- Events -----------------------------------------------------------------------------------
@@ -449,8 +458,9 @@ class RunCache(RunStore):
             run.log = buf.snapshot(complete=ended)
             run.log_problem = None
             run.log_version += 1
-        except KubeObjectNotFound:
-            run.log = buf.snapshot(complete=True)
+        except KubeObjectNotFound:  # the pod went: what was read is all there is
+            run.log = buf.snapshot(complete=True).finished(cut=True)
+            run.log_problem = None
             run.log_version += 1
         except KubeInvalid as e:  # 400: not started yet, or no such container
             _LOGGER.debug("log of %s not readable yet: %s", pod, e)
@@ -521,6 +531,15 @@ class RunCache(RunStore):
         finally:
             run.record_task = None
 
+    # -- hooks of the run history (:mod:`proxy.follow.ending`) -------------------------------
+
+    def _archive(self, run: Run, view: RunView) -> asyncio.Task[bool] | None:
+        """Archive a final run (here: nothing; :class:`~proxy.follow.ending.ArchivingRunCache`)."""
+        return None
+
+    def _watch_ending(self, name: str) -> None:
+        """A run's MPIJob is being deleted or is gone (here: nothing)."""
+
     # -- stop and retention -----------------------------------------------------------------------
 
     async def stop(self, run: Run) -> None:
@@ -537,14 +556,23 @@ class RunCache(RunStore):
         """Expire tombstones, record start deadlines, delete finished MPIJobs past retention."""
         now, mono = self.clock(), time.monotonic()
         retention = timedelta(seconds=self.config.runs.finished_retention_seconds)
+        history = self.history
         for run in list(self._runs.values()):
             if run.deleted:
                 if run.gone_at is not None and mono - run.gone_at > self.tuning.tombstone_seconds:
                     self._unindex(run)
                 continue
+            if history is not None and terminating(run.obj):
+                self._watch_ending(run.name)
+                continue
             view = self.peek(run)
             if view is None:
                 continue
+            archived = history is None or history.settled(run.name)
+            if not archived and view.phase in ("succeeded", "failed", "deadline"):
+                view = await self.view(run)  # reads what the final view lacks; archives it
+                if view is None:
+                    continue
             if view.final_to_record is not None:
                 with contextlib.suppress(KubeError):
                     await self._ensure_events(view, wait=True)
@@ -556,6 +584,7 @@ class RunCache(RunStore):
                 and view.phase in ("succeeded", "failed", "deadline")
                 and view.final_at is not None
                 and now - view.final_at >= retention
+                and (archived or history is None or history.archived(run.name))
             ):
                 try:
                     await self.kube.delete_mpijob(run.name, propagation="Background")

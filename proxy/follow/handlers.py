@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -22,7 +23,9 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.follow.archive import RecordEntry
 from proxy.follow.cache import RUN_CACHE, RunCache
+from proxy.follow.ending import ArchivingRunCache
 from proxy.follow.omsshapes import (
     PagingError,
     job_details,
@@ -33,14 +36,18 @@ from proxy.follow.omsshapes import (
     run_pub,
 )
 from proxy.follow.runinfo import format_time
+from proxy.follow.store import Run
 from proxy.follow.view import (
     FINAL_PHASES,
+    RunView,
 )
 from proxy.keys import CONFIG, request_id
 from proxy.passthrough import headers as hdr
 from proxy.passthrough.forward import forward
 
 _LOGGER = logging.getLogger(__name__)
+
+_ViewOf = Callable[[], Awaitable["RunView | None"]]
 
 
 def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
@@ -49,6 +56,50 @@ def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
 
 def _cache(request: web.Request) -> RunCache | None:
     return request.app.get(RUN_CACHE)
+
+
+async def _final_or_live(
+    cache: RunCache, stamp: str, model: str | None
+) -> tuple[RunView | None, Run | None]:
+    """(the run's view, its live run): the archived record first, else the live MPIJob.
+
+    A record, once written, is what every replica answers with for that run: it is the final
+    view, frozen (a restarted replica may no longer read the launcher's log, the record keeps
+    it). (None, None): the proxy does not know the stamp (oms answers).
+    """
+    history = cache.history
+    record = await history.find(stamp, model) if history is not None else None
+    run = await cache.find(stamp, model)
+    # A record cut by the size cap: the whole log while the MPIJob is there to read it from.
+    # The live view too: it records what the MPIJob still lacks (no I/O once it is final).
+    live = await cache.view(run) if run is not None else None
+    if record is not None and (not record.lines_not_kept or run is None or run.deleted):
+        return record.view(), None
+    return live, run
+
+
+async def _newest_views(cache: RunCache, model: str) -> list[tuple[str, datetime, _ViewOf]]:
+    """(run stamp, submitted, view getter) of every run of ``model`` the proxy knows."""
+    out: dict[str, tuple[str, datetime, _ViewOf]] = {}
+    for run in await cache.runs_of_model(model):
+
+        async def live(run: Run = run) -> RunView | None:
+            return await cache.view(run)
+
+        key = run.info.run_stamp
+        if key not in out or run.info.submitted > out[key][1]:
+            out[key] = (key, run.info.submitted, live)
+    history = cache.history
+    if history is not None:
+        for entry in await history.of_model(model):
+
+            async def archived(entry: RecordEntry = entry) -> RunView | None:
+                assert history is not None
+                record = history.unpack(entry)
+                return record.view() if record is not None else None
+
+            out[entry.run_stamp] = (entry.run_stamp, entry.submitted, archived)
+    return list(out.values())
 
 
 # --- handlers ---------------------------------------------------------------------------------
@@ -65,8 +116,8 @@ async def handle_run_log(request: web.Request) -> web.StreamResponse:
         return await forward(request)
     if m["count"] is not None and m["count"] == "":
         return await forward(request)
-    run = await cache.find(stamp, model)
-    if run is None:
+    view, _run = await _final_or_live(cache, stamp, model)
+    if view is None:
         return await forward(request)
     start_text = request.query.get("start") or m["start"] or ""
     count_text = request.query.get("count") or m["count"] or ""
@@ -78,9 +129,6 @@ async def handle_run_log(request: web.Request) -> web.StreamResponse:
         count = parse_go_int(count_text) if count_text else 0
     except PagingError as e:
         raise BadRequest(f"Invalid value of log line count {model}") from e
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
     return _json(log_page(view, start, count), request)
 
 
@@ -89,13 +137,14 @@ async def handle_run_status(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     if cache is None:
         return await forward(request)
-    run = await cache.find(request.match_info["stamp"], request.match_info["model"])
-    if run is None:
+    view, _run = await _final_or_live(
+        cache, request.match_info["stamp"], request.match_info["model"]
+    )
+    if view is None:
         return await forward(request)
-    view = await cache.view(run)
     answer = await oms_get(request)
     doc = answer.json()
-    if view is None or doc is None:
+    if doc is None:
         return answer.response(request)
     if isinstance(doc, list):
         if not doc:
@@ -118,7 +167,7 @@ async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     if cache is None:
         return await forward(request)
-    runs = await cache.runs_of_model(request.match_info["model"])
+    runs = await _newest_views(cache, request.match_info["model"])
     if not runs:
         return await forward(request)
     answer = await oms_get(request)
@@ -126,17 +175,15 @@ async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
     if not isinstance(doc, dict):
         return answer.response(request)
     stamp = doc.get("RunStamp") or ""
-    same = [r for r in runs if r.info.run_stamp == stamp and stamp]
+    same = [r for r in runs if r[0] == stamp and stamp]
     if same and doc.get("Status"):
-        view = await cache.view(max(same, key=lambda r: r.info.submitted))
+        view = await max(same, key=lambda r: r[1])[2]()
         ours = progress_item(doc, view) if view is not None else None
         return answer.response(request) if ours is None else _json(ours, request)
-    newest = max(runs, key=lambda r: r.info.submitted)
-    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(
-        newest.info.submitted
-    ):
+    _stamp, submitted, view_of = max(runs, key=lambda r: r[1])
+    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(submitted):
         return answer.response(request)
-    view = await cache.view(newest)
+    view = await view_of()
     return answer.response(request) if view is None else _json(run_pub(view), request)
 
 
@@ -145,17 +192,22 @@ async def handle_run_stop(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     stamp = request.match_info["stamp"]
     run = await cache.find(stamp, request.match_info["model"]) if cache is not None else None
-    if cache is None or run is None:
+    record = None
+    if cache is not None and run is None and cache.history is not None:
+        record = await cache.history.find(stamp, request.match_info["model"])
+    if cache is None or (run is None and record is None):
         return await forward(request)
-    view = cache.peek(run)
-    if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
-        await cache.stop(run)
-        _LOGGER.info("stop of run %s: MPIJob %s deleted", stamp, run.name)
+    if run is not None:
+        view = cache.peek(run)
+        if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
+            await cache.stop(run)
+            _LOGGER.info("stop of run %s: MPIJob %s deleted", stamp, run.name)
+    digest = run.info.model_digest if run is not None else record.model_digest if record else ""
     return web.Response(
         status=200,
         content_type="text/plain",
         headers={
-            "Content-Location": f"/api/model/{run.info.model_digest}/run/{stamp}/true",
+            "Content-Location": f"/api/model/{digest}/run/{stamp}/true",
             hdr.REQUEST_ID: request_id(request),
         },
     )
@@ -202,7 +254,7 @@ async def run_cache_context(app: web.Application) -> AsyncIterator[None]:
     Append it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
     """
     kube = app.get(KUBE)
-    cache = RunCache(kube, app[CONFIG]) if kube is not None else None
+    cache = ArchivingRunCache(kube, app[CONFIG]) if kube is not None else None
     app[RUN_CACHE] = cache
     if cache is not None:
         await cache.start()

@@ -83,6 +83,11 @@ def resource_version(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def terminating(obj: Obj) -> bool:
+    """The object is being deleted (``metadata.deletionTimestamp`` is set)."""
+    return bool(object_meta(obj).get("deletionTimestamp"))
+
+
 def annotations_of(obj: Obj) -> Mapping[str, str]:
     ann = object_meta(obj).get("annotations")
     return ann if isinstance(ann, Mapping) else {}

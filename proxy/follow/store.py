@@ -57,6 +57,10 @@ class Run:
     record_task: asyncio.Task[None] | None = None
     record_after: float = 0.0
     record_attempts: int = 0
+    finish_task: asyncio.Task[None] | None = None
+    """Archiving the run and releasing its MPIJob's finalizer (once it is being deleted)."""
+    archive_after: float = 0.0
+    """Monotonic time before which a failed archiving is not tried again."""
     memo_key: tuple[Any, ...] | None = None
     memo_view: RunView | None = None
 

@@ -546,6 +546,11 @@ def compute_view(
     if unreadable:
         lines.append(clean_text(f"{PREFIX}could not read {'; '.join(unreadable)}"))
     if is_final and final_at is not None:
+        if started and phase != "deadline" and log is not None and log.cut:
+            lines.append(
+                f"{PREFIX}the launcher's output could not be read to its end: its pod went "
+                "before the run ended"
+            )
         lines.extend(_epilogue(job, phase, final_at, launcher, recorded, tz, deadline, reasons))
 
     updated = _latest_change(job, info, launcher, last_log, final_at)

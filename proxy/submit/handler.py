@@ -147,7 +147,7 @@ class Submitter:
             except KubeAlreadyExists:
                 pass  # our own earlier attempt
             except KubeError:
-                if not await _delete_quietly(self.kube, rendered.name):
+                if not await _delete_quietly(self.kube, rendered.name, job):
                     self._watch_late_create(rendered.name, stamps.request_id)
                 raise
         return job
@@ -181,7 +181,7 @@ class Submitter:
             return False  # not there (yet), or the API is still failing: look again
         if job.get("metadata", {}).get("annotations", {}).get(names.REQUEST_ID_KEY) != rid:
             return True
-        if not await _delete_quietly(self.kube, name):
+        if not await _delete_quietly(self.kube, name, job):
             return False
         _LOGGER.warning("deleted MPIJob %s: its create was answered as failed", name)
         return True
@@ -215,8 +215,13 @@ def _owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
-async def _delete_quietly(kube: KubeClient, name: str) -> bool:
-    """Delete a half-created MPIJob; whether it is gone."""
+async def _delete_quietly(kube: KubeClient, name: str, job: dict[str, Any]) -> bool:
+    """Delete a half-created MPIJob; whether it is gone (or going).
+
+    Its run was answered as failed, so nobody follows it: the run-record finalizer is removed
+    too, and the run is not archived. Should that patch fail, the run cache archives it as a
+    stopped run and releases it.
+    """
     try:
         await kube.delete_mpijob(name, propagation="Background")
     except KubeObjectNotFound:
@@ -224,6 +229,11 @@ async def _delete_quietly(kube: KubeClient, name: str) -> bool:
     except ProxyError as e:
         _LOGGER.error("could not remove half-created MPIJob %s: %s", name, e)
         return False
+    finalizers = list((job.get("metadata") or {}).get("finalizers") or ())
+    if names.RUN_RECORD_FINALIZER in finalizers:
+        keep = [f for f in finalizers if f != names.RUN_RECORD_FINALIZER]
+        with contextlib.suppress(ProxyError):
+            await kube.patch_mpijob(name, {"metadata": {"finalizers": keep}})
     return True
 
 

@@ -9,17 +9,20 @@ What it emulates:
 
 - ``kubeflow.org/v2beta1`` ``mpijobs``: create (with ``dryRun=All``), get, ``/status`` get, list,
   watch, merge or JSON patch, and delete with Background, Foreground or Orphan propagation and an
-  owner-reference cascade. Core ``configmaps`` (create, get, list, watch, delete), ``pods`` (get,
-  list, watch, ``/log`` with ``follow``), ``events``, ``services`` and ``secrets`` and
-  ``batch/v1`` ``jobs`` (get, list, watch). ``/version`` (v1.35.4) and the
-  ``kubeflow.org/v2beta1`` discovery document.
+  owner-reference cascade; finalizers as the API server has them (a deleted object with
+  finalizers stays, with ``deletionTimestamp``, until a patch removes the last one, and only then
+  are its dependents deleted; none may be added while it terminates). Core ``configmaps``
+  (create, get, list, watch, delete), ``pods`` (get, list, watch, ``/log`` with ``follow``),
+  ``events``, ``services`` and ``secrets`` and ``batch/v1`` ``jobs`` (get, list, watch).
+  ``/version`` (v1.35.4) and the ``kubeflow.org/v2beta1`` discovery document.
 - Watches as from the watch cache: BOOKMARKs (when asked for) 2 s before ``timeoutSeconds``
   ends and then every ``bookmark_interval`` (one minute), with the newest resourceVersion of
   the watched kind.
 - Admission of an MPIJob as the API server does it: the CRD's OpenAPI schema (when a CRD file is
   given; needs ``jsonschema``) with pruning, defaulting and ``fieldValidation`` Strict, Warn (a
   ``Warning`` header) or Ignore; metadata name, label and annotation rules; quota
-  (``quota_exceeded``); optimistic concurrency (409 Conflict) on patch.
+  (``quota_exceeded``); optimistic concurrency (409 Conflict) on patch; the 1 MiB limit of a
+  ConfigMap's data (422).
 - RBAC as far as the proxy meets it: ``token`` (or none) is an administrator;
   :meth:`FakeKube.grant` adds a ServiceAccount token bound to one namespace, which gets the
   real 403 in any other namespace, existing or not; :meth:`FakeKube.forbid` denies a verb.

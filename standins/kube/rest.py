@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import functools
@@ -147,6 +148,22 @@ async def running(kube: FakeKube, host: str = "127.0.0.1", port: int = 0) -> Asy
         await runner.cleanup()
 
 
+CONFIGMAP_MAX_BYTES = 1 << 20
+"""What the API server accepts in one ConfigMap: ``data`` values plus decoded ``binaryData``."""
+
+
+def _configmap_bytes(body: Json) -> int:
+    total = 0
+    for key, value in (body.get("data") or {}).items():
+        total += len(str(key)) + len(str(value).encode("utf-8"))
+    for key, value in (body.get("binaryData") or {}).items():
+        try:
+            total += len(str(key)) + len(base64.b64decode(str(value)))
+        except ValueError:
+            total += len(str(value))
+    return total
+
+
 # --- the server -------------------------------------------------------------------------------
 
 
@@ -284,7 +301,8 @@ class FakeKube(Operator):
         async def kube_api(request: web.Request, handler: _Handler) -> web.StreamResponse:
             return await self._dispatch(request, handler)
 
-        app = web.Application(middlewares=[kube_api])
+        # The API server takes request bodies up to 3 MiB (etcd's limit is about 1.5 MiB).
+        app = web.Application(middlewares=[kube_api], client_max_size=3 << 20)
         router = app.router
         router.add_get("/version", self._version)
         router.add_get("/version/", self._version)  # as VersionApi asks
@@ -511,6 +529,14 @@ class FakeKube(Operator):
             ]
         )
         causes += _metadata_causes(meta)
+        if kind is CONFIGMAPS and _configmap_bytes(body) > CONFIGMAP_MAX_BYTES:
+            causes.append(
+                _cause(
+                    "FieldValueTooLong",
+                    "[]",
+                    f"Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes",
+                )
+            )
         if kind is MPIJOBS and self._validator is not None:
             for error in self._validator.iter_errors(body):
                 causes += [c for c in _schema_causes(error) if c not in causes]
@@ -756,6 +782,16 @@ class FakeKube(Operator):
             return web.json_response(obj if policy == "Foreground" else success)
         if meta.get("deletionTimestamp"):
             return web.json_response(obj)
+        if policy != "Foreground" and meta.get("finalizers"):
+            # Finalizers hold the object (terminating) until their owners remove them; the
+            # dependents are deleted (or orphaned) only then.
+            meta["deletionTimestamp"] = _now()
+            meta["deletionGracePeriodSeconds"] = 0
+            self._pending_deletes[(kind.resource, namespace, name)] = policy
+            if kind is MPIJOBS:
+                self._stop_operator((namespace, name))  # the operator ignores terminating jobs
+            self._put(kind, obj, "MODIFIED")
+            return web.json_response(obj)
         if policy == "Foreground":
             meta["deletionTimestamp"] = _now()
             meta["deletionGracePeriodSeconds"] = 0
@@ -778,7 +814,11 @@ class FakeKube(Operator):
         obj = self._store[kind.resource].get((namespace, name))
         if obj is not None and obj["metadata"]["uid"] == uid:
             obj["metadata"]["finalizers"].remove("foregroundDeletion")
-            self._remove(kind, namespace, name)
+            if obj["metadata"]["finalizers"]:  # others hold it until they are removed
+                self._pending_deletes[(kind.resource, namespace, name)] = "Foreground"
+                self._put(kind, obj, "MODIFIED")
+            else:
+                self._remove(kind, namespace, name)
 
     async def _patch(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -825,6 +865,28 @@ class FakeKube(Operator):
             raise _ApiError(409, "Conflict", message, _details(MPIJOBS, name))
         for field in ("name", "namespace", "uid", "creationTimestamp", "generation"):
             meta[field] = current["metadata"][field]
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            if field in current["metadata"]:
+                meta[field] = current["metadata"][field]
+            else:
+                meta.pop(field, None)
+        if meta.get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or ()) - set(
+                current["metadata"].get("finalizers") or ()
+            )
+            if added:
+                raise _invalid(
+                    MPIJOBS,
+                    name,
+                    [
+                        _cause(
+                            "FieldValueForbidden",
+                            "metadata.finalizers",
+                            "Forbidden: no new finalizers can be added if the object is being "
+                            "deleted, found new finalizers " + json.dumps(sorted(added)),
+                        )
+                    ],
+                )
         meta.pop("resourceVersion", None)
         if "status" in current:
             patched["status"] = copy.deepcopy(current["status"])  # a status subresource
@@ -838,6 +900,9 @@ class FakeKube(Operator):
             meta["generation"] += 1
         was_suspended = _suspend_requested(current)
         self._put(MPIJOBS, patched, "MODIFIED")
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._finalize(MPIJOBS, namespace, name)  # the last finalizer went
+            return self._json(patched, 200, warnings)
         if _suspend_requested(patched) != was_suspended:
             self._on_suspend_change((namespace, name), _suspend_requested(patched))
         return self._json(patched, 200, warnings)

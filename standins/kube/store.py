@@ -424,6 +424,8 @@ class Store:
         self._faults: list[Fault] = []
         self._down = False
         self._pod_ips = 0
+        # Objects deleted while they had finalizers: the propagation to apply once they are gone.
+        self._pending_deletes: dict[tuple[str, str, str], str] = {}
         self._last_event_ns = 0
 
     # -- state changes -----------------------------------------------------------------------------
@@ -483,6 +485,20 @@ class Store:
             if key in self._store[kind.resource]:
                 removed = self._remove(kind, *key)
                 self._cascade(namespace, removed["metadata"]["uid"])
+
+    def _finalize(self, kind: _Kind, namespace: str, name: str) -> None:
+        """Remove a terminating object whose last finalizer went, then propagate its deletion."""
+        obj = self._store[kind.resource].get((namespace, name))
+        if obj is None or not obj["metadata"].get("deletionTimestamp"):
+            return
+        if obj["metadata"].get("finalizers"):
+            return
+        policy = self._pending_deletes.pop((kind.resource, namespace, name), "Background")
+        removed = self._remove(kind, namespace, name)
+        if policy == "Background":
+            self._cascade(namespace, removed["metadata"]["uid"])
+        elif policy == "Orphan":
+            self._orphan(namespace, removed["metadata"]["uid"])
 
     def _orphan(self, namespace: str, owner_uid: str) -> None:
         for kind, obj in list(self._dependents(namespace, owner_uid)):
