@@ -213,6 +213,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
             kube=kube,
             oms=oms,
             on_created=lambda job: _note_created(app, job),
+            stamp_known=lambda stamp: _stamp_known(app, stamp),
         )
         app[SUBMITTER] = submitter
         if config.kubernetes.dry_run_on_start:
@@ -241,6 +242,12 @@ def _note_created(app: web.Application, job: dict[str, Any]) -> None:
     cache = app.get(RUN_CACHE)
     if cache is not None:
         cache.note_created(job)
+
+
+def _stamp_known(app: web.Application, stamp: str) -> bool:
+    """Whether ``stamp`` names a run the run cache knows (a new stamp must not)."""
+    cache = app.get(RUN_CACHE)
+    return cache is not None and cache.knows_stamp(stamp)
 
 
 async def _start_up_dry_run(app: web.Application, submitter: Submitter) -> None:

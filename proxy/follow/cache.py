@@ -50,7 +50,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -93,6 +93,24 @@ def _about_our_run(event: Obj, runs: Mapping[str, Any], prefixes: tuple[str, ...
     involved = event.get("involvedObject") or {}
     name = str(involved.get("name") or "")
     return name in runs or name.startswith(prefixes)
+
+
+def pick(stamp: str, runs: Iterable[Run]) -> Run | None:
+    """The run a stamp names when several runs carry it; the same choice on every replica.
+
+    A generated stamp is a run's RunStamp and SubmitStamp at once and is reserved by the
+    create of its MPIJob, so it names one run of a model. What remains (a client-chosen
+    RunStamp equal to another run's SubmitStamp, or runs of two models found without a model):
+    a RunStamp match wins over a SubmitStamp match; then a live MPIJob over a deleted one;
+    then the earlier created; then the smaller MPIJob name.
+    """
+    best: tuple[Any, ...] | None = None
+    chosen: Run | None = None
+    for run in runs:
+        key = (run.info.run_stamp != stamp, run.deleted, run.info.created, run.name)
+        if best is None or key < best:
+            best, chosen = key, run
+    return chosen
 
 
 class RunCache(RunStore):
@@ -226,23 +244,27 @@ class RunCache(RunStore):
     # -- lookups ----------------------------------------------------------------------------------
 
     async def find(self, stamp: str, model: str | None = None) -> Run | None:
-        """The launched run with run stamp or submit stamp ``stamp`` (of ``model``, if given)."""
+        """The launched run that ``stamp`` names (of ``model``, if given): see :func:`pick`."""
         if not stamp:
             return None
         await self._ensure_fresh()
-        best: Run | None = None
+        candidates = []
         for job_name in self._by_stamp.get(names.label_value(stamp), ()):
             run = self._runs.get(job_name)
             if run is None or stamp not in (run.info.run_stamp, run.info.submit_stamp):
                 continue
             if model is not None and not run.info.matches_model(model):
                 continue
-            if best is None or (not run.deleted, run.info.created) > (
-                not best.deleted,
-                best.info.created,
-            ):
-                best = run
-        return best
+            candidates.append(run)
+        return pick(stamp, candidates)
+
+    def knows_stamp(self, stamp: str) -> bool:
+        """Whether some run known here has ``stamp`` as its run or submit stamp (no I/O)."""
+        for job_name in self._by_stamp.get(names.label_value(stamp), ()):
+            run = self._runs.get(job_name)
+            if run is not None and stamp in (run.info.run_stamp, run.info.submit_stamp):
+                return True
+        return False
 
     async def runs_of_model(self, model: str) -> list[Run]:
         """Every launched run of ``model`` (digest or name) this replica knows, tombstones too."""

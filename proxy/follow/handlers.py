@@ -124,17 +124,19 @@ async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
     doc = answer.json()
     if not isinstance(doc, dict):
         return answer.response(request)
-    stamp = doc.get("RunStamp") or ""
-    same = [r for r in runs if r.info.run_stamp == stamp and stamp]
-    if same and doc.get("Status"):
-        view = await cache.view(max(same, key=lambda r: r.info.submitted))
-        ours = progress_item(doc, view) if view is not None else None
-        return answer.response(request) if ours is None else _json(ours, request)
-    newest = max(runs, key=lambda r: r.info.submitted)
-    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(
-        newest.info.submitted
-    ):
-        return answer.response(request)
+    stamp = str(doc.get("RunStamp") or "")
+    newest = max(runs, key=lambda r: (r.info.submitted, r.info.created, r.name))
+    if doc.get("Status") and stamp:
+        if stamp == newest.info.run_stamp:  # oms has our newest run: its row wins
+            view = await cache.view(newest)
+            ours = progress_item(doc, view) if view is not None else None
+            return answer.response(request) if ours is None else _json(ours, request)
+        older_of_ours = any(r.info.run_stamp == stamp for r in runs)
+        if not older_of_ours and str(doc.get("CreateDateTime") or "") >= format_time(
+            newest.info.submitted
+        ):
+            return answer.response(request)  # a run oms knows, newer than ours
+    # oms's newest row is older than the newest run we launched (or oms has none): ours.
     view = await cache.view(newest)
     return answer.response(request) if view is None else _json(run_pub(view), request)
 
