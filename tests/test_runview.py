@@ -261,11 +261,29 @@ def test_a_job_without_our_annotations_is_not_a_run() -> None:
             "deadline",
             "e",
         ),
+        # Time spent queued (suspended, not admitted) does not count towards the deadline ...
         (
             [cond("Created", "True", 0), cond("Suspended", "True", 0)],
             [],
             False,
-            61,
+            610,
+            "queued",
+            "i",
+        ),
+        # ... it counts from the admission (Suspended turning False).
+        (
+            [cond("Created", "True", 0), cond("Suspended", "False", 30)],
+            [],
+            False,
+            85,
+            "pending",
+            "i",
+        ),
+        (
+            [cond("Created", "True", 0), cond("Suspended", "False", 30)],
+            [],
+            False,
+            91,
             "deadline",
             "e",
         ),

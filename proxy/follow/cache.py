@@ -67,16 +67,19 @@ from proxy.errors import (
     KubeObjectNotFound,
 )
 from proxy.follow.informer import inform
-from proxy.follow.launcherlog import LauncherLog, first_launcher
+from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, first_launcher
 from proxy.follow.runinfo import resource_version
 from proxy.follow.store import Run, RunStore, name_of
 from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
+    FINAL_PHASES,
     PRELUDE_KEY,
     EventsSnapshot,
     RunView,
     ViewSettings,
     compute_view,
+    deadline_start,
+    queue_name,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -318,7 +321,8 @@ class RunCache(RunStore):
             run.log = log
             run.log_version += 1
         now = self.clock()
-        deadline_passed = now - run.info.created > timedelta(
+        since = deadline_start(run.obj)
+        deadline_passed = since is not None and now - since > timedelta(
             seconds=self.settings.start_deadline_seconds
         )
         prelude_recorded = PRELUDE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
@@ -331,6 +335,8 @@ class RunCache(RunStore):
             None if prelude_recorded or events is None else events.fetched_at,
             run.log_version,
             deadline_passed,
+            run.frozen_prelude is not None,
+            run.frozen_final is not None,
         )
         if run.memo_key == key and run.memo_view is not None:
             return run.memo_view
@@ -343,23 +349,60 @@ class RunCache(RunStore):
             deleted_at=run.deleted_at,
             now=now,
             settings=self.settings,
+            prelude=run.frozen_prelude,
+            final_message=run.frozen_final,
         )
+        if view is not None:
+            # What this replica froze stays as it is, whatever happens to its recording.
+            if run.frozen_prelude is None and view.prelude_to_record is not None:
+                run.frozen_prelude = view.prelude_to_record
+            if run.frozen_final is None and view.final_to_record is not None:
+                run.frozen_final = view.final_to_record
         run.memo_key, run.memo_view = key, view
         return view
 
     async def view(self, run: Run) -> RunView | None:
-        """The run's view, after fetching what it lacks (Events, launcher log) if due."""
+        """The run's view, after fetching what it lacks (Events, launcher log) if due.
+
+        Once the MPIJob has ended, the answer is final and whole: this waits for what the
+        final page needs (the launcher's end in the pod cache, the Events settled past the
+        prelude's freeze point, the whole log) rather than show a page that would still grow.
+        """
         view = self.peek(run)
-        for _ in range(3):
+        for _ in range(5):
             if view is None:
                 return None
-            waited = await self._ensure_events(view)
+            waited = False
+            if view.phase in FINAL_PHASES and not view.is_final:
+                waited = await self._await_final(run, view)
+            waited = await self._ensure_events(view) or waited
             waited = await self._ensure_log(run, view) or waited
             self._maybe_record(run, view)
             if not waited:
                 break
             view = self.peek(run)
         return view
+
+    async def _await_final(self, run: Run, view: RunView) -> bool:
+        """For an ended MPIJob: wait for what its final page still lacks; True if it waited."""
+        waited = False
+        launcher = view.launcher
+        ended = view.phase in ("succeeded", "failed")
+        if ended and launcher is not None and launcher.terminated is None:
+            # The MPIJob's end came through its watch before the launcher pod's: read it.
+            selector = f"{SELECTOR},{JOB_NAME_LABEL}={run.name}"
+            with contextlib.suppress(KubeError):
+                pods, _ = await self.kube.list_pods_rv(selector)
+                for pod in pods:
+                    self._store_pod(pod)
+                waited = True
+        if view.needs_events is not None:
+            # The Events up to the freeze point are complete once settle_seconds have passed.
+            wait = (view.needs_events - self.clock()).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(min(wait, self.tuning.settle_seconds + 1.0))
+                waited = True
+        return waited
 
     # -- Events -----------------------------------------------------------------------------------
 
@@ -422,7 +465,8 @@ class RunCache(RunStore):
             return False
         if run.log is not None and run.log.complete:
             return False
-        ended = launcher.terminated is not None
+        # A Succeeded/Failed MPIJob's launcher has exited: what its log has now is all of it.
+        ended = launcher.terminated is not None or view.phase in ("succeeded", "failed")
         if run.log_task is None:
             if time.monotonic() - run.log_read_at < self.config.kubernetes.log_cache_seconds:
                 return False  # at most one read per log_cache_seconds, shared by all pollers
@@ -470,9 +514,7 @@ class RunCache(RunStore):
         if run.deleted or run.record_task is not None:
             return
         if run.record_attempts >= self.tuning.record_attempts:
-            return
-        if time.monotonic() < run.record_after:
-            return
+            return  # gave up (logged); the answers here stay as frozen
         annotations: dict[str, str] = {}
         suspend = False
         if view.final_to_record is not None:
@@ -484,42 +526,95 @@ class RunCache(RunStore):
             annotations[PRELUDE_KEY] = json.dumps(list(view.prelude_to_record), ensure_ascii=False)
         if not annotations:
             return
-        run.record_attempts += 1
         run.record_task = self._spawn(self._record(run, annotations, suspend), "recording")
 
     async def _record(self, run: Run, annotations: dict[str, str], suspend: bool) -> None:
+        """Write ``annotations`` on the run's MPIJob, retrying in the background.
+
+        A 409 (the MPIJob changed) re-reads it and tries again at once; any other failure
+        (403 without RBAC ``patch``, 5xx, a timeout) is logged and tried again after
+        ``follow.record_retry_seconds``, ``follow.record_attempts`` times in all. Meanwhile,
+        and after giving up, this replica answers from what it froze (:class:`Run`).
+        """
+        try:
+            for attempt in range(self.tuning.record_attempts):
+                run.record_attempts = attempt + 1
+                if run.deleted:
+                    return
+                current = (run.obj.get("metadata") or {}).get("annotations") or {}
+                todo = {k: v for k, v in annotations.items() if k not in current}
+                if not todo:
+                    return  # recorded meanwhile (by another replica, or seen in the watch)
+                if await self._patch_once(run, todo, suspend and FINAL_MESSAGE_KEY in todo):
+                    return
+                if attempt + 1 < self.tuning.record_attempts:
+                    await asyncio.sleep(self.tuning.record_retry_seconds)
+            _LOGGER.error(
+                "gave up annotating MPIJob %s after %d attempts; this replica answers from "
+                "what it froze, other replicas may differ",
+                run.name,
+                self.tuning.record_attempts,
+            )
+        finally:
+            run.record_task = None
+
+    async def _patch_once(self, run: Run, annotations: dict[str, str], verdict: bool) -> bool:
+        """One try at recording; True when there is nothing more to do."""
         patch: Obj = {
             "metadata": {"resourceVersion": resource_version(run.obj), "annotations": annotations}
         }
-        if suspend:
+        if verdict:
             patch["spec"] = {"runPolicy": {"suspend": True}}
         try:
             obj = await self.kube.patch_mpijob(run.name, patch)
-            self._upsert_job(obj)
-            if suspend:
-                _LOGGER.info(
-                    "run %s did not start in time: MPIJob %s suspended",
-                    run.info.run_stamp,
-                    run.name,
-                )
-        except KubeAlreadyExists:  # 409 Conflict: the MPIJob changed; look again
+        except KubeAlreadyExists:  # 409 Conflict: the MPIJob changed; re-read, try again
             with contextlib.suppress(KubeError):
                 self._upsert_job(await self.kube.get_mpijob(run.name))
+            return False
         except KubeObjectNotFound:
-            pass
+            return True
         except KubeForbidden as e:
-            run.record_attempts = self.tuning.record_attempts
             _LOGGER.warning(
-                "cannot annotate MPIJob %s (RBAC needs 'patch' on mpijobs); answers may differ "
-                "between replicas: %s",
+                "cannot annotate MPIJob %s (RBAC needs 'patch' on mpijobs); will try again: %s",
                 run.name,
                 e,
             )
+            return False
         except KubeError as e:
-            run.record_after = time.monotonic() + self.tuning.record_retry_seconds
-            _LOGGER.warning("annotating MPIJob %s failed: %s", run.name, e)
-        finally:
-            run.record_task = None
+            _LOGGER.warning("annotating MPIJob %s failed, will try again: %s", run.name, e)
+            return False
+        self._upsert_job(obj)
+        if verdict:
+            await self._enforce_verdict(run)
+        return True
+
+    async def _enforce_verdict(self, run: Run) -> None:
+        """Make a recorded start-deadline verdict stick.
+
+        Without Kueue, ``suspend: true`` (in the same patch) keeps the MPI operator from
+        starting the run. Under Kueue it does not hold (Kueue resumes a job it admits), so the
+        MPIJob is deleted once the verdict is recorded; its tombstone, with the recorded
+        prelude and verdict, answers for ``follow.tombstone_seconds``.
+        """
+        queue = queue_name(run.obj)
+        if not queue:
+            _LOGGER.info(
+                "run %s did not start in time: MPIJob %s suspended", run.info.run_stamp, run.name
+            )
+            return
+        try:
+            await self.kube.delete_mpijob(run.name, propagation="Background")
+        except KubeObjectNotFound:
+            pass
+        except KubeError as e:
+            _LOGGER.warning("deleting MPIJob %s after its start deadline failed: %s", run.name, e)
+            return
+        _LOGGER.info(
+            "run %s did not start in time: MPIJob %s (Kueue queue %s) deleted",
+            run.info.run_stamp,
+            run.name,
+            queue,
+        )
 
     # -- stop and retention -----------------------------------------------------------------------
 
@@ -551,6 +646,14 @@ class RunCache(RunStore):
                 view = self.peek(run)
                 if view is not None:
                     self._maybe_record(run, view)
+            if (
+                view is not None
+                and view.phase == "deadline"
+                and queue_name(run.obj)
+                and FINAL_MESSAGE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
+            ):
+                await self._enforce_verdict(run)  # a delete that failed before
+                continue
             if (
                 view is not None
                 and view.phase in ("succeeded", "failed", "deadline")
