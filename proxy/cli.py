@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
 import sys
 from collections.abc import Sequence
 
+from proxy import frontdoors
 from proxy.config import Config, ConfigError
 from proxy.configload import Overrides, load_config
+from proxy.routes import HEALTH_ROUTES, ROUTES
 
 _LOGGER = logging.getLogger("proxy")
 
@@ -126,8 +130,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{config.source}: OK")
             return 0
         if args.command == "routes":
-            from proxy.routes import print_routes
-
             return print_routes(args.format)
         if args.command == "render":
             from proxy.render_cli import render_command
@@ -141,3 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"configuration error: {e}", file=sys.stderr)
         return 2
     return 2  # pragma: no cover
+
+
+def print_routes(fmt: str) -> int:
+    """Print the intercepted routes (text, JSON, or a front door's routes-only manifest)."""
+    routes = ROUTES + HEALTH_ROUTES
+    if fmt in frontdoors.FORMATS:
+        print(frontdoors.render(fmt), end="")
+    elif fmt == "json":
+        print(json.dumps([dataclasses.asdict(r) for r in routes], indent=2))
+    else:
+        for r in routes:
+            print(f"{r.method:5} {r.regex:55} {r.doc}")
+    return 0

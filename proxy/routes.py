@@ -8,7 +8,6 @@ Everything else is passed through to oms. ``oms-mpijob-proxy routes`` prints thi
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -127,18 +126,3 @@ def bind(router: web.UrlDispatcher, handlers: Mapping[str, Handler]) -> None:
             router.add_get(r.path, handlers[r.name], allow_head=True, name=r.name)
         else:
             router.add_route(r.method, r.path, handlers[r.name], name=r.name)
-
-
-def print_routes(fmt: str) -> int:
-    """Print the intercepted routes (text, JSON, or a front door's routes-only manifest)."""
-    routes = ROUTES + HEALTH_ROUTES
-    from proxy import frontdoors  # it imports this module
-
-    if fmt in frontdoors.FORMATS:
-        print(frontdoors.render(fmt), end="")
-    elif fmt == "json":
-        print(json.dumps([dataclasses.asdict(r) for r in routes], indent=2))
-    else:
-        for r in routes:
-            print(f"{r.method:5} {r.regex:55} {r.doc}")
-    return 0
