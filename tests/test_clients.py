@@ -9,16 +9,21 @@ status polling, python's ``create_model_run`` status/last polling.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from proxy.clients.kube import KUBE
 from proxy.follow.cache import pick
 from proxy.follow.runinfo import run_info
 from proxy.follow.store import Run
+from proxy.follow.view import PRELUDE_KEY
 from proxy.submit.handler import SUBMITTER
+from standins.kube import Fault
 from tests.test_lifecycle import DIGEST, MODEL, NS, Env, _scenario, env, known
 
 __all__ = ["env"]
@@ -211,3 +216,200 @@ async def test_first_read_after_the_end_is_final_and_whole(env: Env) -> None:
     assert page["IsFinal"] is True, page
     assert [x for x in page["Lines"] if not x.startswith("[oms-mpijob-proxy]")] == lines
     assert page["TotalSize"] == len(page["Lines"])
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        None,  # the recording is accepted
+        Fault("PATCH", "mpijobs", status=403, times=3),  # a Role without patch (then fixed)
+        Fault("PATCH", "mpijobs", status=409, times=2),  # someone else changed the MPIJob
+        Fault("PATCH", "mpijobs", status=500, times=2),
+        Fault("PATCH", "mpijobs", delay=1.5, times=1),  # slow
+    ],
+    ids=["accepted", "403", "409", "500", "slow"],
+)
+async def test_first_read_is_final_whatever_happens_to_the_recording(
+    env: Env, fault: Fault | None
+) -> None:
+    lines = [f"launcher line {i}" for i in range(10)]
+    _scenario(env.kube, log_lines=lines, line_interval=0.01)
+    config = env.config(follow={"settle_seconds": 2.0, "events_refresh_seconds": 5.0})
+    one, two = await env.proxy(config), await env.proxy(config)
+    if fault is not None:
+        env.kube.add_fault(fault)
+    _, state = await post_ui_run(one, "nobody polls")
+    await succeeded(env, state["RunStamp"])
+    await asyncio.sleep(0.3)
+    url = f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}/start/0/count/0"
+    first = await (await one.get(url)).json()
+    assert first["IsFinal"] is True, first
+    assert [x for x in first["Lines"] if not x.startswith("[oms-mpijob-proxy]")] == lines
+    assert first["Lines"][-1].startswith("[oms-mpijob-proxy] launcher exit code 0")
+    # The recording lands (retried in the background); then every replica answers the same.
+    async with asyncio.timeout(10):
+        while PRELUDE_KEY not in env.job(state)["metadata"]["annotations"]:
+            again = await (await one.get(url)).json()
+            assert again["Lines"] == first["Lines"]  # never stale, never shrinking
+            await asyncio.sleep(0.1)
+    for client in (one, two):
+        assert (await (await client.get(url)).json())["Lines"] == first["Lines"]
+
+
+# --- the jobs page (UI service-state page: GET /api/service/state every 1601 ms) ---------------
+
+
+async def service_state(client: Client) -> Any:
+    resp = await client.get("/api/service/state")
+    assert resp.status == 200
+    return await resp.json()
+
+
+def listed(doc: Any, stamp: str) -> list[str]:
+    """In which of the jobs page's lists the run with submit stamp ``stamp`` is."""
+    return [
+        k for k in ("Queue", "Active", "History") if any(j["SubmitStamp"] == stamp for j in doc[k])
+    ]
+
+
+async def test_jobs_page_shows_a_run_as_oms_shows_its_own(env: Env) -> None:
+    _scenario(env.kube, line_interval=0.2, log_lines=[f"l{i}" for i in range(10)])
+    one, two = await env.proxy(), await env.proxy()
+    body = {
+        "ModelDigest": DIGEST,
+        "Mpi": {"Np": 4},
+        "Threads": 2,
+        "Opts": {"OpenM.RunName": "the run", "OpenM.SubValues": "4"},
+    }
+    state = await (await one.post("/api/run", json=body)).json()
+    stamp = state["SubmitStamp"]
+    await known(one, state)
+    doc = await service_state(two)
+    [job] = doc["Active"]
+    assert job["SubmitStamp"] == stamp
+    assert job["Opts"] == {"OpenM.RunName": "the run", "OpenM.SubValues": "4"}
+    assert job["Template"] == "mpijob-template.yaml"
+    assert job["Mpi"] == {"Np": 4, "IsNotOnRoot": False, "IsNotByJob": False}
+    # 4 processes x 2 threads; memory: mpijob.memory_per_process (1Gi) per process, in GB
+    assert job["Res"] == {
+        "Cpu": 8,
+        "Mem": 4,
+        "ProcessCount": 4,
+        "ThreadCount": 2,
+        "ProcessMemMb": 1024,
+        "ThreadMemMb": 0,
+    }
+    assert (doc["ActiveTotalRes"], doc["ActiveOwnRes"]) == ({"Cpu": 8, "Mem": 4},) * 2
+    detail = await (await two.get(f"/api/service/job/active/{stamp}")).json()
+    assert (detail["SubmitStamp"], detail["Opts"]["OpenM.RunName"]) == (stamp, "the run")
+    assert detail["Lines"][0].startswith("[oms-mpijob-proxy]")
+    # Nobody reads the run's pages: both replicas move it to History when its MPIJob ends.
+    await succeeded(env, state["RunStamp"])
+    async with asyncio.timeout(2):
+        while True:
+            docs = [await service_state(c) for c in (one, two)]
+            if all(listed(d, stamp) == ["History"] for d in docs):
+                break
+            await asyncio.sleep(0.05)
+    assert docs[0]["History"] == docs[1]["History"]
+    [item] = docs[0]["History"]
+    assert item == {
+        "SubmitStamp": stamp,
+        "ModelName": MODEL,
+        "ModelDigest": DIGEST,
+        "RunStamp": state["RunStamp"],
+        "JobStatus": "success",
+        "RunTitle": "the run",
+    }
+    assert docs[0]["ActiveTotalRes"] == {"Cpu": 0, "Mem": 0}
+    for client in (one, two):
+        detail = await (await client.get(f"/api/service/job/history/{stamp}")).json()
+        assert detail["JobStatus"] == "success"
+        assert [x for x in detail["Lines"] if not x.startswith("[")] == [f"l{i}" for i in range(10)]
+        # and no longer as active: oms answers (its empty job state)
+        active = await (await client.get(f"/api/service/job/active/{stamp}")).json()
+        assert active.get("ModelName", "") == ""
+
+
+async def test_a_stopped_run_is_listed_in_history(env: Env) -> None:
+    _scenario(env.kube, line_interval=0.5)
+    client = await env.proxy()
+    _, state = await post_ui_run(client, "to stop")
+    await known(client, state)
+    resp = await client.put(f"/api/run/stop/model/{DIGEST}/stamp/{state['SubmitStamp']}")
+    assert resp.status == 200
+    async with asyncio.timeout(3):
+        while True:
+            if listed(await service_state(client), state["SubmitStamp"]) == ["History"]:
+                break
+            await asyncio.sleep(0.05)
+    [item] = (await service_state(client))["History"]
+    assert item["JobStatus"] == "kill"
+
+
+async def test_a_run_queued_by_kueue_is_reported_queued_then_runs(env: Env) -> None:
+    _scenario(env.kube, log_lines=["model output"], line_interval=0.01)
+    config = env.config(start_deadline_seconds=1.0)
+    config = dataclasses.replace(
+        config, mpijob=dataclasses.replace(config.mpijob, queue_name="team-a")
+    )
+    one, two = await env.proxy(config), await env.proxy(config)
+    _, state = await post_ui_run(one, "queued run")
+    stamp = state["SubmitStamp"]
+    await known(one, state)
+    await asyncio.sleep(1.5)  # longer than the start deadline: queue time does not count
+    for client in (one, two):
+        doc = await service_state(client)
+        assert listed(doc, stamp) == ["Queue"]
+        assert doc["Queue"][0]["QueuePos"] == 1
+        assert doc["QueueTotalRes"] == {"Cpu": 2, "Mem": 2}
+        url = f"/api/run/log/model/{DIGEST}/stamp/{stamp}/start/0/count/0"
+        page = await (await client.get(url)).json()
+        assert page["IsFinal"] is False
+        assert "waits for admission by Kueue (LocalQueue team-a)" in page["Lines"][1]
+        status = await (await client.get(f"/api/model/{DIGEST}/run/{stamp}/status")).json()
+        assert status["Status"] == "i"
+    # Kueue admits it: suspend false; the run then proceeds as any other.
+    kube = one.server.app[KUBE]
+    assert kube is not None
+    await kube.patch_mpijob(
+        env.job(state)["metadata"]["name"], {"spec": {"runPolicy": {"suspend": False}}}
+    )
+    await succeeded(env, state["RunStamp"])
+    page = await (await two.get(url)).json()
+    assert page["IsFinal"] is True
+    assert "model output" in page["Lines"]
+    assert listed(await service_state(two), stamp) == ["History"]
+
+
+async def test_a_start_deadline_verdict_under_kueue_is_not_undone_by_admission(env: Env) -> None:
+    _scenario(env.kube, running_after=30.0)  # admitted, but the pods take long to start
+    config = env.config(start_deadline_seconds=0.5)
+    config = dataclasses.replace(
+        config, mpijob=dataclasses.replace(config.mpijob, queue_name="team-a")
+    )
+    client = await env.proxy(config)
+    _, state = await post_ui_run(client, "slow start")
+    await known(client, state)
+    name = env.job(state)["metadata"]["name"]
+    kube = client.server.app[KUBE]
+    assert kube is not None
+    await kube.patch_mpijob(name, {"spec": {"runPolicy": {"suspend": False}}})
+    url = f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}/start/0/count/0"
+    async with asyncio.timeout(5):
+        while True:
+            page = await (await client.get(url)).json()
+            if page["IsFinal"]:
+                break
+            await asyncio.sleep(0.1)
+    assert any("did not start within 0.5 s" in x for x in page["Lines"])
+    # The verdict sticks: the MPIJob is deleted (Kueue would resume a suspended one).
+    async with asyncio.timeout(5):
+        while True:
+            if all(j["metadata"]["name"] != name for j in env.kube.objects("mpijobs", NS)):
+                break
+            await asyncio.sleep(0.05)
+    again = await (await client.get(url)).json()
+    assert again["Lines"] == page["Lines"]
+    status = await (await client.get(f"/api/model/{DIGEST}/run/{state['RunStamp']}/status")).json()
+    assert status["Status"] == "e"

@@ -274,11 +274,31 @@ class RunCache(RunStore):
         await self._ensure_fresh()
         return [r for r in self._runs.values() if r.info.matches_model(model)]
 
-    async def active(self) -> list[RunView]:
-        """Views of the runs that are not final yet (for the jobs page)."""
+    async def jobs(self) -> tuple[list[RunView], list[RunView], list[RunView]]:
+        """The jobs page's (queue, active, history), each by submit stamp.
+
+        From the MPIJobs' state as the watch shows it (not from what the pages have read), so
+        every replica moves a run at the same moment: suspended and never admitted → queue;
+        ended (Succeeded, Failed, deleted, past the start deadline) → history, for as long as
+        this cache keeps the run (retention, then the tombstone); else active.
+        """
         await self._ensure_fresh()
-        views = [self.peek(r) for r in list(self._runs.values()) if not r.deleted]
-        return [v for v in views if v is not None and not v.is_final]
+        queue: list[RunView] = []
+        active: list[RunView] = []
+        history: list[RunView] = []
+        for run in list(self._runs.values()):
+            view = self.peek(run)
+            if view is None:
+                continue
+            if view.phase in FINAL_PHASES:
+                history.append(view)
+            elif view.phase == "queued":
+                queue.append(view)
+            else:
+                active.append(view)
+        for views in (queue, active, history):
+            views.sort(key=lambda v: (v.info.submit_stamp, v.info.name))
+        return queue, active, history
 
     def phase_counts(self) -> dict[str, int]:
         """Runs known to the cache by phase, from what is cached (no API call; for metrics)."""

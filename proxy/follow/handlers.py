@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator
+from pathlib import PurePath
 from typing import Any
 from urllib.parse import quote
 
@@ -25,6 +26,8 @@ from proxy.errors import (
 from proxy.follow.cache import RUN_CACHE, RunCache
 from proxy.follow.omsshapes import (
     PagingError,
+    history_job,
+    job_status,
     log_page,
     parse_go_int,
     progress_item,
@@ -162,27 +165,66 @@ async def handle_run_stop(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _template_name(request: web.Request) -> str:
+    """The template the runs are made from (oms shows its run template's file name)."""
+    return PurePath(request.app[CONFIG].mpijob.template).name
+
+
+def _add_res(doc: dict[str, Any], keys: tuple[str, ...], jobs: list[dict[str, Any]]) -> None:
+    """Count ``jobs``' resources into oms's totals (``ComputeRes`` keys of ServiceState)."""
+    cpu = sum(int(j["Res"]["Cpu"]) for j in jobs)
+    mem = sum(int(j["Res"]["Mem"]) for j in jobs)
+    for key in keys:
+        total = doc.get(key)
+        if isinstance(total, dict):
+            doc[key] = {
+                **total,
+                "Cpu": int(total.get("Cpu") or 0) + cpu,
+                "Mem": int(total.get("Mem") or 0) + mem,
+            }
+
+
 async def handle_service_state(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/state: oms's, with our active runs added to ``Active``."""
+    """GET /api/service/state: oms's, with our runs added to ``Queue``, ``Active``, ``History``
+    (and their resources to the totals), as oms lists the runs it starts itself."""
     cache = _cache(request)
     if cache is None:
         return await forward(request)
     answer = await oms_get(request)
     doc = answer.json()
-    if not isinstance(doc, dict) or not isinstance(doc.get("Active"), list):
+    if not isinstance(doc, dict) or not all(
+        isinstance(doc.get(k), list) for k in ("Queue", "Active", "History")
+    ):
         return answer.response(request)
-    views = sorted(await cache.active(), key=lambda v: v.info.submit_stamp)
-    if not views:
+    queue, active, history = await cache.jobs()
+    if not (queue or active or history):
         return answer.response(request)
-    doc["Active"] = [*doc["Active"], *(run_job(v) for v in views)]
+    template = _template_name(request)
+    first = len(doc["Queue"]) + 1
+    queued = [run_job(v, template, first + i) for i, v in enumerate(queue)]
+    running = [run_job(v, template) for v in active]
+    doc["Queue"] = [*doc["Queue"], *queued]
+    doc["Active"] = [*doc["Active"], *running]
+    doc["History"] = [*doc["History"], *(history_job(v) for v in history)]
+    _add_res(doc, ("ActiveTotalRes", "ActiveOwnRes"), running)
+    _add_res(doc, ("QueueTotalRes", "QueueOwnRes"), queued)
     return _json(doc, request)
 
 
-async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/job/active/{stamp}: job details of a launched run."""
+_JOB_LISTS = {"active": 1, "queue": 0, "history": 2}
+
+
+async def handle_service_job(request: web.Request) -> web.StreamResponse:
+    """GET /api/service/job/{active|queue|history}/{stamp}: oms's ``runJobState`` of a launched
+    run that is in that list of the jobs page (others pass through to oms)."""
     cache = _cache(request)
-    run = await cache.find(request.match_info["stamp"]) if cache is not None else None
-    if cache is None or run is None:
+    if cache is None:
+        return await forward(request)
+    which = request.path.split("/")[4]
+    stamp = request.match_info["stamp"]
+    listed = (await cache.jobs())[_JOB_LISTS[which]]
+    run = await cache.find(stamp)
+    if run is None or not any(v.info.name == run.name for v in listed):
         return await forward(request)
     view = await cache.view(run)
     if view is None:
@@ -194,9 +236,13 @@ async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
         oms_list = (await oms_get(request, path + "/status/list")).json()
         if isinstance(oms_list, list) and oms_list:
             item = progress_item(oms_list[0], view) or oms_list[0]
-    return _json(
-        {"JobStatus": "", **run_job(view), "RunStatus": [item], "Lines": list(view.lines)}, request
-    )
+    position = 0
+    if which == "queue":
+        position = 1 + [v.info.name for v in listed].index(run.name)
+    job = run_job(view, _template_name(request), position)
+    status = job_status(view) if which == "history" else ""
+    lines = list(view.lines) if which != "queue" else []
+    return _json({"JobStatus": status, **job, "RunStatus": [item], "Lines": lines}, request)
 
 
 async def run_cache_context(app: web.Application) -> AsyncIterator[None]:

@@ -378,7 +378,7 @@ def _phase(
         return "running"
     if deadline_passed:
         return "deadline"
-    if condition_true(job, "Suspended"):
+    if is_queued(job):
         return "queued"
     if conditions_of(job):
         return "pending"
