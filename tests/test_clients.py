@@ -377,7 +377,7 @@ async def test_a_run_queued_by_kueue_is_reported_queued_then_runs(env: Env) -> N
     )
     await succeeded(env, state["RunStamp"])
     page = await (await two.get(url)).json()
-    assert page["IsFinal"] is True
+    assert page["IsFinal"] is True, page
     assert "model output" in page["Lines"]
     assert listed(await service_state(two), stamp) == ["History"]
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -60,7 +59,6 @@ from proxy import names
 from proxy.clients.kube import KubeClient
 from proxy.config import Config
 from proxy.errors import (
-    KubeAlreadyExists,
     KubeError,
     KubeForbidden,
     KubeInvalid,
@@ -68,6 +66,7 @@ from proxy.errors import (
 )
 from proxy.follow.informer import inform
 from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, first_launcher
+from proxy.follow.recorder import Recorder
 from proxy.follow.runinfo import resource_version
 from proxy.follow.store import Run, RunStore, name_of
 from proxy.follow.view import (
@@ -146,6 +145,7 @@ class RunCache(RunStore):
         self._events_forbidden = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.recorder = Recorder(kube, self.tuning, self._upsert_job, self._spawn)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -397,7 +397,7 @@ class RunCache(RunStore):
                 waited = await self._await_final(run, view)
             waited = await self._ensure_events(view) or waited
             waited = await self._ensure_log(run, view) or waited
-            self._maybe_record(run, view)
+            self.recorder.maybe_record(run, view)
             if not waited:
                 break
             view = self.peek(run)
@@ -417,8 +417,12 @@ class RunCache(RunStore):
                     self._store_pod(pod)
                 waited = True
         if view.needs_events is not None:
-            # The Events up to the freeze point are complete once settle_seconds have passed.
-            wait = (view.needs_events - self.clock()).total_seconds()
+            # The Events up to the freeze point are complete once settle_seconds have passed
+            # (and a list is due again: at most one every 0.5 s).
+            wait = max(
+                (view.needs_events - self.clock()).total_seconds(),
+                self._events_next - time.monotonic(),
+            )
             if wait > 0:
                 await asyncio.sleep(min(wait, self.tuning.settle_seconds + 1.0))
                 waited = True
@@ -488,7 +492,8 @@ class RunCache(RunStore):
         # A Succeeded/Failed MPIJob's launcher has exited: what its log has now is all of it.
         ended = launcher.terminated is not None or view.phase in ("succeeded", "failed")
         if run.log_task is None:
-            if time.monotonic() - run.log_read_at < self.config.kubernetes.log_cache_seconds:
+            recent = time.monotonic() - run.log_read_at < self.config.kubernetes.log_cache_seconds
+            if recent and not ended:
                 return False  # at most one read per log_cache_seconds, shared by all pollers
             run.log_task = asyncio.get_running_loop().create_task(
                 self._read_log(run, launcher.pod, launcher.container, ended)
@@ -528,114 +533,6 @@ class RunCache(RunStore):
                 self._tasks.discard(run.log_task)
             run.log_task = None
 
-    # -- recording annotations ------------------------------------------------------------------
-
-    def _maybe_record(self, run: Run, view: RunView) -> None:
-        if run.deleted or run.record_task is not None:
-            return
-        if run.record_attempts >= self.tuning.record_attempts:
-            return  # gave up (logged); the answers here stay as frozen
-        annotations: dict[str, str] = {}
-        suspend = False
-        if view.final_to_record is not None:
-            if not view.prelude_frozen:
-                return  # record both at once, once the prelude can be frozen
-            annotations[FINAL_MESSAGE_KEY] = view.final_to_record.to_json()
-            suspend = True
-        if view.prelude_to_record is not None:
-            annotations[PRELUDE_KEY] = json.dumps(list(view.prelude_to_record), ensure_ascii=False)
-        if not annotations:
-            return
-        run.record_task = self._spawn(self._record(run, annotations, suspend), "recording")
-
-    async def _record(self, run: Run, annotations: dict[str, str], suspend: bool) -> None:
-        """Write ``annotations`` on the run's MPIJob, retrying in the background.
-
-        A 409 (the MPIJob changed) re-reads it and tries again at once; any other failure
-        (403 without RBAC ``patch``, 5xx, a timeout) is logged and tried again after
-        ``follow.record_retry_seconds``, ``follow.record_attempts`` times in all. Meanwhile,
-        and after giving up, this replica answers from what it froze (:class:`Run`).
-        """
-        try:
-            for attempt in range(self.tuning.record_attempts):
-                run.record_attempts = attempt + 1
-                if run.deleted:
-                    return
-                current = (run.obj.get("metadata") or {}).get("annotations") or {}
-                todo = {k: v for k, v in annotations.items() if k not in current}
-                if not todo:
-                    return  # recorded meanwhile (by another replica, or seen in the watch)
-                if await self._patch_once(run, todo, suspend and FINAL_MESSAGE_KEY in todo):
-                    return
-                if attempt + 1 < self.tuning.record_attempts:
-                    await asyncio.sleep(self.tuning.record_retry_seconds)
-            _LOGGER.error(
-                "gave up annotating MPIJob %s after %d attempts; this replica answers from "
-                "what it froze, other replicas may differ",
-                run.name,
-                self.tuning.record_attempts,
-            )
-        finally:
-            run.record_task = None
-
-    async def _patch_once(self, run: Run, annotations: dict[str, str], verdict: bool) -> bool:
-        """One try at recording; True when there is nothing more to do."""
-        patch: Obj = {
-            "metadata": {"resourceVersion": resource_version(run.obj), "annotations": annotations}
-        }
-        if verdict:
-            patch["spec"] = {"runPolicy": {"suspend": True}}
-        try:
-            obj = await self.kube.patch_mpijob(run.name, patch)
-        except KubeAlreadyExists:  # 409 Conflict: the MPIJob changed; re-read, try again
-            with contextlib.suppress(KubeError):
-                self._upsert_job(await self.kube.get_mpijob(run.name))
-            return False
-        except KubeObjectNotFound:
-            return True
-        except KubeForbidden as e:
-            _LOGGER.warning(
-                "cannot annotate MPIJob %s (RBAC needs 'patch' on mpijobs); will try again: %s",
-                run.name,
-                e,
-            )
-            return False
-        except KubeError as e:
-            _LOGGER.warning("annotating MPIJob %s failed, will try again: %s", run.name, e)
-            return False
-        self._upsert_job(obj)
-        if verdict:
-            await self._enforce_verdict(run)
-        return True
-
-    async def _enforce_verdict(self, run: Run) -> None:
-        """Make a recorded start-deadline verdict stick.
-
-        Without Kueue, ``suspend: true`` (in the same patch) keeps the MPI operator from
-        starting the run. Under Kueue it does not hold (Kueue resumes a job it admits), so the
-        MPIJob is deleted once the verdict is recorded; its tombstone, with the recorded
-        prelude and verdict, answers for ``follow.tombstone_seconds``.
-        """
-        queue = queue_name(run.obj)
-        if not queue:
-            _LOGGER.info(
-                "run %s did not start in time: MPIJob %s suspended", run.info.run_stamp, run.name
-            )
-            return
-        try:
-            await self.kube.delete_mpijob(run.name, propagation="Background")
-        except KubeObjectNotFound:
-            pass
-        except KubeError as e:
-            _LOGGER.warning("deleting MPIJob %s after its start deadline failed: %s", run.name, e)
-            return
-        _LOGGER.info(
-            "run %s did not start in time: MPIJob %s (Kueue queue %s) deleted",
-            run.info.run_stamp,
-            run.name,
-            queue,
-        )
-
     # -- stop and retention -----------------------------------------------------------------------
 
     async def stop(self, run: Run) -> None:
@@ -665,14 +562,14 @@ class RunCache(RunStore):
                     await self._ensure_events(view, wait=True)
                 view = self.peek(run)
                 if view is not None:
-                    self._maybe_record(run, view)
+                    self.recorder.maybe_record(run, view)
             if (
                 view is not None
                 and view.phase == "deadline"
                 and queue_name(run.obj)
                 and FINAL_MESSAGE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
             ):
-                await self._enforce_verdict(run)  # a delete that failed before
+                await self.recorder.enforce_verdict(run)  # a delete that failed before
                 continue
             if (
                 view is not None
