@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck pytest bench soak venv clean
+.PHONY: demo test lint typecheck pytest bench soak mutation venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ bench: venv
 
 soak: venv
 	$(PY) bench/soak.py
+
+# Mutation testing (mutmut) of errors, headers, render, the log view and the upstream client.
+# Slow: EVERY=10 checks every 10th mutant of the big modules (errors and headers whole).
+EVERY ?= 1
+mutation: venv
+	$(PY) -m pip install --quiet 'mutmut==3.8.1'
+	$(PY) tools/mutation.py --every $(EVERY)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

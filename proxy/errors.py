@@ -144,6 +144,12 @@ class KubeAlreadyExists(KubeError):
     status = 409
 
 
+class KubeConflict(KubeError):
+    """409 Conflict: the object changed since it was read (a stale ``resourceVersion``)."""
+
+    status = 409
+
+
 class KubeInvalid(KubeError):
     """422 Invalid / 400 BadRequest: the API server rejected the object; causes say why."""
 

@@ -3,8 +3,10 @@
 Every call goes through :meth:`KubeClient._call`, which bounds it by
 ``kubernetes.request_timeout_seconds`` (retries included), retries 429, 5xx and connection
 failures with backoff (``Retry-After`` wins), and turns every failure into a
-:class:`proxy.errors.KubeError` subclass raised ``from`` the original. No kubernetes_asyncio or
-aiohttp exception leaves this module.
+:class:`proxy.errors.KubeError` subclass raised ``from`` the original. Every answer is read
+raw (``_preload_content=False``) and passes :func:`_checked_body`, the one check of its status,
+so no call can take an error answer (a 403 Status) for data. No kubernetes_asyncio or aiohttp
+exception leaves this module.
 """
 
 from __future__ import annotations
@@ -16,14 +18,13 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 from yarl import URL
@@ -32,6 +33,7 @@ from proxy import __version__
 from proxy.config import Config, ConfigError
 from proxy.errors import (
     KubeAlreadyExists,
+    KubeConflict,
     KubeError,
     KubeForbidden,
     KubeInvalid,
@@ -52,7 +54,6 @@ PLURAL = "mpijobs"
 FIELD_MANAGER = "oms-mpijob-proxy"
 USER_AGENT = f"oms-mpijob-proxy/{__version__}"
 
-T = TypeVar("T")
 Obj = dict[str, Any]
 
 
@@ -117,8 +118,10 @@ def classify_api_exception(e: ApiException, what: str) -> KubeError:
         kw["log_message"] = f"{what}: the Kubernetes API answered {code} {reason}".rstrip() + (
             f" (fields: {', '.join(fields)})" if fields else ""
         )
-    if code == 409:
+    if code == 409 and reason == "AlreadyExists":
         return KubeAlreadyExists(f"{what}: already exists: {message}", **kw)
+    if code == 409:
+        return KubeConflict(f"{what}: changed meanwhile (409 {reason}): {message}", **kw)
     if code in (400, 422):
         detail = "; ".join(causes) if causes else message
         return KubeInvalid(f"{what}: the Kubernetes API rejected the MPIJob: {detail}", **kw)
@@ -159,11 +162,12 @@ def classify_api_exception(e: ApiException, what: str) -> KubeError:
     return KubeServerError(f"{what}: the Kubernetes API failed ({code} {reason}): {message}", **kw)
 
 
-async def _raw_body(result: Any) -> bytes:
-    """Body of a ``_preload_content=False`` answer; errors raised as ApiException.
+async def _checked_body(result: Any) -> bytes:
+    """The body of an answer, read whole; an error status is raised as ApiException.
 
-    In that mode kubernetes_asyncio hands back the aiohttp response without checking its
-    status, so the check the client would have made is made here.
+    Every call is made with ``_preload_content=False``: kubernetes_asyncio then hands back the
+    aiohttp response without looking at its status, so this is the one place that does, for
+    every request the proxy sends (:meth:`KubeClient._attempts` calls it on every answer).
     """
     data: bytes = await result.read()
     if result.status >= 400:
@@ -172,6 +176,22 @@ async def _raw_body(result: Any) -> bytes:
         exc.headers = result.headers
         raise exc
     return data
+
+
+def _json_object(data: bytes, what: str) -> Obj:
+    """A 2xx answer's JSON object; anything else is the API's failure (a broken answer)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise KubeServerError(f"{what}: the Kubernetes API answered something that is not JSON")
+    return doc
+
+
+def _raw(timeout: float) -> dict[str, Any]:
+    """The arguments of every request: its time limit, and its answer handed back unread."""
+    return {"_request_timeout": timeout, "_preload_content": False}
 
 
 def _retryable(err: KubeError) -> bool:
@@ -262,9 +282,14 @@ class KubeClient:
         await self.api.close()
 
     async def _call(
-        self, what: str, fn: Callable[[float], Awaitable[T]], *, retry: bool = True
-    ) -> T:
-        """Run ``fn(remaining_seconds)`` with retries, all within the configured timeout."""
+        self, what: str, fn: Callable[[float], Awaitable[Any]], *, retry: bool = True
+    ) -> bytes:
+        """Send ``fn(remaining_seconds)`` with retries, all within the configured timeout.
+
+        ``fn`` makes one request with ``_preload_content=False`` and returns the raw answer;
+        its body is returned once :func:`_checked_body` found its status fine. Every failure
+        leaves as a :class:`~proxy.errors.KubeError` (classified by status and Status.reason).
+        """
         if self._observe is None:
             return await self._attempts(what, fn, retry)
         start = time.perf_counter()
@@ -274,7 +299,15 @@ class KubeClient:
             # "create MPIJob <name>" -> "create MPIJob": the operation, never an object name
             self._observe(" ".join(what.split()[:2]), time.perf_counter() - start)
 
-    async def _attempts(self, what: str, fn: Callable[[float], Awaitable[T]], retry: bool) -> T:
+    async def _call_json(
+        self, what: str, fn: Callable[[float], Awaitable[Any]], *, retry: bool = True
+    ) -> Obj:
+        """:meth:`_call`, for an answer that is one JSON object."""
+        return _json_object(await self._call(what, fn, retry=retry), what)
+
+    async def _attempts(
+        self, what: str, fn: Callable[[float], Awaitable[Any]], retry: bool
+    ) -> bytes:
         deadline = time.monotonic() + self._timeout
         attempt = 0
         while True:
@@ -288,7 +321,7 @@ class KubeClient:
             cause: BaseException
             try:
                 async with asyncio.timeout(remaining):
-                    return await fn(remaining)
+                    return await _checked_body(await fn(remaining))
             except ApiException as e:
                 err, cause = classify_api_exception(e, what), _without_body(e)
             except TimeoutError as e:
@@ -323,40 +356,32 @@ class KubeClient:
         if dry_run:
             kwargs["dry_run"] = "All"
 
-        async def go(t: float) -> Obj:
-            result: Obj = await self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, body, _request_timeout=t, **kwargs
+        def go(t: float) -> Awaitable[Any]:
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body, **kwargs, **_raw(t)
             )
-            return result
 
-        return await self._call(f"create MPIJob {name}", go)
+        return await self._call_json(f"create MPIJob {name}", go)
 
     async def get_mpijob(self, name: str) -> Obj:
         """Read one MPIJob."""
 
-        async def go(t: float) -> Obj:
-            result: Obj = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=t
+        def go(t: float) -> Awaitable[Any]:
+            return self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, **_raw(t)
             )
-            return result
 
-        return await self._call(f"get MPIJob {name}", go)
+        return await self._call_json(f"get MPIJob {name}", go)
 
     async def list_mpijobs(self, label_selector: str) -> tuple[list[Obj], str]:
         """MPIJobs matching ``label_selector`` and the list's resourceVersion."""
 
-        async def go(t: float) -> Obj:
-            result: Obj = await self.custom.list_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                label_selector=label_selector,
-                _request_timeout=t,
+        def go(t: float) -> Awaitable[Any]:
+            return self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, label_selector=label_selector, **_raw(t)
             )
-            return result
 
-        doc = await self._call("list MPIJobs", go)
+        doc = await self._call_json("list MPIJobs", go)
         items = [i for i in doc.get("items") or () if isinstance(i, dict)]
         return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -388,50 +413,68 @@ class KubeClient:
         resource_version: str,
         timeout_seconds: int,
     ) -> AsyncIterator[tuple[str, Obj]]:
-        """One watch request: (event type, raw object) until the server ends it."""
-        w = k8s_watch.Watch(return_type="object")  # raw dicts, no model classes
+        """One watch request: (event type, raw object) until the server ends it.
+
+        The answer passes the same status check as every other call (:func:`_checked_body`),
+        and an ``ERROR`` event (a Status in the stream, e.g. 410 Gone) is classified like an
+        error answer.
+        """
         self.api_calls += 1
+        resp: Any = None
         try:
-            async with w.stream(
-                list_fn,
+            resp = await list_fn(
                 *args,
                 label_selector=label_selector,
                 resource_version=resource_version,
                 timeout_seconds=timeout_seconds,
                 allow_watch_bookmarks=True,
+                watch=True,
+                _preload_content=False,
                 _request_timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=self._timeout, sock_read=timeout_seconds + 30
                 ),
-            ) as stream:
-                async for event in stream:
-                    if not isinstance(event, dict):
-                        continue  # a line that is not JSON
-                    obj = event.get("raw_object") or event.get("object")
-                    if isinstance(obj, dict):
-                        yield str(event.get("type")), obj
+            )
+            if resp.status >= 400:
+                await _checked_body(resp)
+            async for line in resp.content:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line that is not JSON
+                if not isinstance(event, dict):
+                    continue
+                obj = event.get("object")
+                if event.get("type") == "ERROR":
+                    status = obj if isinstance(obj, dict) else {}
+                    exc = ApiException(status=int(status.get("code") or 500), reason="ERROR")
+                    exc.body = json.dumps(status).encode()
+                    raise exc
+                if isinstance(obj, dict):
+                    yield str(event.get("type")), obj
         except ApiException as e:
             raise classify_api_exception(e, what) from _without_body(e)
         except TimeoutError as e:
             raise KubeTimeout(f"{what}: the stream stalled") from e
         except (aiohttp.ClientError, OSError) as e:
             raise KubeUnavailable(f"{what}: connection lost ({type(e).__name__})") from e
-        except KubeError:
-            raise
-        except Exception as e:  # kubernetes_asyncio raises a bare Exception for a bad event
+        except ValueError as e:  # a line longer than aiohttp's line limit
             raise KubeServerError(f"{what}: unreadable event: {truncate(str(e), 200)}") from e
+        finally:
+            if resp is not None:
+                resp.release()
 
     async def patch_mpijob(self, name: str, patch: Obj) -> Obj:
         """JSON merge patch (RFC 7386) of an MPIJob; returns the patched object.
 
         Put ``metadata.resourceVersion`` into ``patch`` to make it conditional: a stale one is
-        answered 409, raised as :class:`KubeAlreadyExists` (the class of every 409).
+        answered 409 Conflict, raised as :class:`~proxy.errors.KubeConflict`.
         """
 
         # A dict body would be sent as a JSON patch unless the content type is forced.
         kwargs: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 
-        async def go(t: float) -> Obj:
-            result: Obj = await self.custom.patch_namespaced_custom_object(
+        def go(t: float) -> Awaitable[Any]:
+            return self.custom.patch_namespaced_custom_object(
                 GROUP,
                 VERSION,
                 self.namespace,
@@ -439,25 +482,24 @@ class KubeClient:
                 name,
                 patch,
                 field_manager=FIELD_MANAGER,
-                _request_timeout=t,
                 **kwargs,
+                **_raw(t),
             )
-            return result
 
-        return await self._call(f"patch MPIJob {name}", go, retry=False)
+        return await self._call_json(f"patch MPIJob {name}", go, retry=False)
 
     async def delete_mpijob(self, name: str, propagation: str = "Foreground") -> None:
         """Delete an MPIJob; its pods, ConfigMaps and Services go with it."""
 
-        async def go(t: float) -> None:
-            await self.custom.delete_namespaced_custom_object(
+        def go(t: float) -> Awaitable[Any]:
+            return self.custom.delete_namespaced_custom_object(
                 GROUP,
                 VERSION,
                 self.namespace,
                 PLURAL,
                 name,
                 propagation_policy=propagation,
-                _request_timeout=t,
+                **_raw(t),
             )
 
         await self._call(f"delete MPIJob {name}", go)
@@ -468,19 +510,16 @@ class KubeClient:
         """Create a ConfigMap (the per-run ini files)."""
         name = body.get("metadata", {}).get("name", "?")
 
-        async def go(t: float) -> Obj:
-            result: Any = await self.core.create_namespaced_config_map(
+        def go(t: float) -> Awaitable[Any]:
+            return self.core.create_namespaced_config_map(
                 self.namespace,
                 cast(Any, body),
                 field_validation="Strict",
                 field_manager=FIELD_MANAGER,
-                _request_timeout=t,
-                _preload_content=False,
+                **_raw(t),
             )
-            doc: Obj = json.loads(await _raw_body(result))
-            return doc
 
-        return await self._call(f"create ConfigMap {name}", go)
+        return await self._call_json(f"create ConfigMap {name}", go)
 
     async def list_pods(self, label_selector: str) -> list[Obj]:
         """Pods matching ``label_selector`` as plain dicts."""
@@ -490,17 +529,12 @@ class KubeClient:
     async def list_pods_rv(self, label_selector: str) -> tuple[list[Obj], str]:
         """Pods matching ``label_selector`` (plain dicts) and the list's resourceVersion."""
 
-        async def go(t: float) -> Obj:
-            result: Any = await self.core.list_namespaced_pod(
-                self.namespace,
-                label_selector=label_selector,
-                _request_timeout=t,
-                _preload_content=False,
+        def go(t: float) -> Awaitable[Any]:
+            return self.core.list_namespaced_pod(
+                self.namespace, label_selector=label_selector, **_raw(t)
             )
-            doc: Obj = json.loads(await result.read())
-            return doc
 
-        doc = await self._call("list pods", go)
+        doc = await self._call_json("list pods", go)
         items = [i for i in doc.get("items") or () if isinstance(i, dict)]
         return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -532,34 +566,29 @@ class KubeClient:
         ``timestamps`` prefixes each line with its RFC 3339 time (``kubectl logs --timestamps``).
         """
 
-        async def go(t: float) -> str:
-            kwargs: dict[str, Any] = {"_request_timeout": t, "_preload_content": False}
-            if container:
-                kwargs["container"] = container
-            if timestamps:
-                kwargs["timestamps"] = True
-            if tail_lines is not None:
-                kwargs["tail_lines"] = tail_lines
-            result: Any = await self.core.read_namespaced_pod_log(name, self.namespace, **kwargs)
-            data: bytes = await result.read()
-            return data.decode("utf-8", "replace")
+        kwargs: dict[str, Any] = {}
+        if container:
+            kwargs["container"] = container
+        if timestamps:
+            kwargs["timestamps"] = True
+        if tail_lines is not None:
+            kwargs["tail_lines"] = tail_lines
 
-        return await self._call(f"read log of pod {name}", go)
+        def go(t: float) -> Awaitable[Any]:
+            return self.core.read_namespaced_pod_log(name, self.namespace, **kwargs, **_raw(t))
+
+        data = await self._call(f"read log of pod {name}", go)
+        return data.decode("utf-8", "replace")
 
     async def list_events(self, field_selector: str) -> list[Obj]:
         """Events matching ``field_selector`` (e.g. involvedObject.name=X) as dicts."""
 
-        async def go(t: float) -> Obj:
-            result: Any = await self.core.list_namespaced_event(
-                self.namespace,
-                field_selector=field_selector,
-                _request_timeout=t,
-                _preload_content=False,
+        def go(t: float) -> Awaitable[Any]:
+            return self.core.list_namespaced_event(
+                self.namespace, field_selector=field_selector, **_raw(t)
             )
-            doc: Obj = json.loads(await _raw_body(result))
-            return doc
 
-        doc = await self._call("list events", go)
+        doc = await self._call_json("list events", go)
         return [i for i in doc.get("items") or () if isinstance(i, dict)]
 
 

@@ -137,6 +137,8 @@ class RunCache(RunStore):
         self.watch = config.kubernetes.watch
         self._jobs_synced = False
         self._pods_synced = False
+        self._pods_problem: str | None = None
+        """Why the pods could not be listed (one line on every run's log page), if so."""
         self._direct_at = -math.inf
         self._direct_task: asyncio.Task[None] | None = None
         self._events: EventsSnapshot | None = None
@@ -179,6 +181,11 @@ class RunCache(RunStore):
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _set_pods_synced(self, ok: bool) -> None:
+        self._pods_synced = ok
+        if ok:
+            self._pods_problem = None
+
     @property
     def synced(self) -> bool:
         """The watch caches are complete (lookups need no API request)."""
@@ -207,7 +214,7 @@ class RunCache(RunStore):
             self.kube.watch_pods,
             self._replace_pods,
             self._apply_pod,
-            lambda ok: setattr(self, "_pods_synced", ok),
+            self._set_pods_synced,
             selector=SELECTOR,
             watch_timeout=self.tuning.watch_timeout_seconds,
             backoff=(self.tuning.backoff_first_seconds, self.tuning.backoff_max_seconds),
@@ -230,14 +237,20 @@ class RunCache(RunStore):
 
     async def _direct_refresh(self) -> None:
         try:
-            jobs, _ = await self.kube.list_mpijobs(SELECTOR)
-            pods, _ = await self.kube.list_pods_rv(SELECTOR)
-            if not self._jobs_synced:
-                self._replace_jobs(jobs)
-            if not self._pods_synced:
-                self._replace_pods(pods)
-        except KubeError as e:
-            _LOGGER.warning("listing MPIJobs and pods failed: %s", e)
+            try:
+                jobs, _ = await self.kube.list_mpijobs(SELECTOR)
+                if not self._jobs_synced:
+                    self._replace_jobs(jobs)
+            except KubeError as e:
+                _LOGGER.warning("listing MPIJobs failed: %s", e)
+            try:
+                pods, _ = await self.kube.list_pods_rv(SELECTOR)
+                self._pods_problem = None
+                if not self._pods_synced:
+                    self._replace_pods(pods)
+            except KubeError as e:  # the log pages say so: a run's pods are not just "none"
+                _LOGGER.warning("listing pods failed: %s", e)
+                self._pods_problem = f"the run's pods ({e})"
         finally:
             self._direct_at = time.monotonic()
             if self._direct_task is not None:
@@ -347,7 +360,9 @@ class RunCache(RunStore):
         )
         prelude_recorded = PRELUDE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
         events = self._events
+        unreadable = tuple(p for p in (self._pods_problem, run.log_problem) if p)
         key = (
+            unreadable,
             resource_version(run.obj),
             run.deleted,
             self._pods_version.get(run.name, 0),
@@ -371,6 +386,7 @@ class RunCache(RunStore):
             settings=self.settings,
             prelude=run.frozen_prelude,
             final_message=run.frozen_final,
+            unreadable=unreadable,
         )
         if view is not None:
             # What this replica froze stays as it is, whatever happens to its recording.
@@ -519,14 +535,17 @@ class RunCache(RunStore):
             if not done:
                 buf.add_full(await self.kube.read_pod_log(pod, name, timestamps=True))
             run.log = buf.snapshot(complete=ended)
+            run.log_problem = None
             run.log_version += 1
         except KubeObjectNotFound:
             run.log = buf.snapshot(complete=True)
             run.log_version += 1
         except KubeInvalid as e:  # 400: not started yet, or no such container
             _LOGGER.debug("log of %s not readable yet: %s", pod, e)
-        except KubeError as e:
+        except KubeError as e:  # the log page says so (one line), instead of showing nothing
             _LOGGER.warning("reading the log of %s failed: %s", pod, e)
+            run.log_problem = f"the launcher's log ({e})"
+            run.log_version += 1
         finally:
             run.log_read_at = began
             if run.log_task is not None:

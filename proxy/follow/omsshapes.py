@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from datetime import tzinfo
 from typing import Any
 
+from proxy import runstate
 from proxy.follow.runinfo import format_time
 from proxy.follow.view import RunView
+from proxy.runstate import RunState
 
 # --- answers in oms's shapes ---------------------------------------------------------------------
 
@@ -50,21 +52,18 @@ def lines_page(offset: int, count: int, lines: Sequence[str]) -> tuple[int, int,
     return offset, count, list(lines[offset : offset + count])
 
 
-def run_state(view: RunView, tz: tzinfo | None = None) -> dict[str, Any]:
-    """oms ``RunState`` (all 10 keys) of a launched run."""
+def run_state(view: RunView, tz: tzinfo | None = None) -> RunState:
+    """oms ``RunState`` (all 10 keys) of a launched run (:mod:`proxy.runstate`)."""
     info = view.info
-    return {
-        "ModelName": info.model_name,
-        "ModelDigest": info.model_digest,
-        "RunStamp": info.run_stamp,
-        "SubmitStamp": info.submit_stamp,
-        "IsFinal": view.is_final,
-        "UpdateDateTime": format_time(view.updated, tz),
-        "RunName": info.run_name,
-        "TaskRunName": "",
-        "IsLog": True,
-        "LogFileName": info.log_file_name,
-    }
+    return runstate.run_state(
+        model_name=info.model_name,
+        model_digest=info.model_digest,
+        run_stamp=info.run_stamp,
+        submit_stamp=info.submit_stamp,
+        is_final=view.is_final,
+        update_time=format_time(view.updated, tz),
+        run_name=info.run_name,
+    )
 
 
 def log_page(view: RunView, start: int, count: int, tz: tzinfo | None = None) -> dict[str, Any]:

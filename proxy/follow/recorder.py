@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.clients.kube import KubeClient
 from proxy.config import FollowConfig
-from proxy.errors import KubeAlreadyExists, KubeError, KubeForbidden, KubeObjectNotFound
+from proxy.errors import KubeConflict, KubeError, KubeForbidden, KubeObjectNotFound
 from proxy.follow.runinfo import resource_version
 from proxy.follow.store import Run
 from proxy.follow.view import FINAL_MESSAGE_KEY, PRELUDE_KEY, RunView, queue_name
@@ -100,7 +100,7 @@ class Recorder:
             patch["spec"] = {"runPolicy": {"suspend": True}}
         try:
             obj = await self.kube.patch_mpijob(run.name, patch)
-        except KubeAlreadyExists:  # 409 Conflict: the MPIJob changed; re-read, try again
+        except KubeConflict:  # 409 Conflict: the MPIJob changed; re-read, try again
             with contextlib.suppress(KubeError):
                 self._upsert(await self.kube.get_mpijob(run.name))
             return False

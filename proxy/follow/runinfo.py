@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
-from proxy import names
+from proxy import names, runstate
 from proxy.stamps import make_datetime
 
 Obj = Mapping[str, Any]
@@ -150,7 +150,7 @@ class RunInfo:
     @property
     def log_file_name(self) -> str:
         """``<Model>.<RunStamp>.console.log``, as oms names it."""
-        return f"{self.model_name}.{self.run_stamp}.console.log"
+        return runstate.log_file_name(self.model_name, self.run_stamp)
 
     def matches_model(self, model: str) -> bool:
         """``model`` (from a URL) names this run's model by digest or by name."""

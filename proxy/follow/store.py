@@ -52,6 +52,8 @@ class Run:
     log_read_at: float = -math.inf
     log_version: int = 0
     log_task: asyncio.Task[None] | None = None
+    log_problem: str | None = None
+    """Why the launcher's log could not be read (shown on the log page), if it could not."""
     record_task: asyncio.Task[None] | None = None
     record_attempts: int = 0
     frozen_prelude: tuple[str, ...] | None = None

@@ -488,6 +488,7 @@ def compute_view(
     settings: ViewSettings,
     prelude: tuple[str, ...] | None = None,
     final_message: FinalMessage | None = None,
+    unreadable: Sequence[str] = (),
 ) -> RunView | None:
     """The view of the run in MPIJob ``job`` (None if ``job`` is not a launched run).
 
@@ -496,6 +497,8 @@ def compute_view(
     ``prelude`` and ``final_message`` are what this replica froze itself and has not seen
     recorded on the MPIJob yet (a recording can fail or be slow): they are shown as if
     recorded, so a page never changes once shown, and are still offered for recording.
+    ``unreadable`` says what could not be read from the Kubernetes API and why; the lines say
+    it in one line of their own (until it can be read again).
     """
     info = run_info(job)
     if info is None:
@@ -598,6 +601,8 @@ def compute_view(
         final_to_record = final_message
 
     is_final = final and frozen and (not started or phase == "deadline" or log_complete)
+    if unreadable:
+        lines.append(clean_text(f"{PREFIX}could not read {'; '.join(unreadable)}"))
     if is_final and final_at is not None:
         lines.extend(_epilogue(job, phase, final_at, launcher, recorded, tz, deadline, reasons))
 

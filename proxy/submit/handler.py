@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import keys, names
+from proxy import keys, names, runstate
 from proxy.clients.kube import KubeClient
 from proxy.clients.oms import OmsClient
 from proxy.config import Config
@@ -42,6 +42,7 @@ from proxy.errors import (
 from proxy.keys import request_id
 from proxy.passthrough.body import read_limited
 from proxy.passthrough.forward import forward
+from proxy.runstate import RunState
 from proxy.stamps import StampSource, local_now, make_datetime
 from proxy.submit.decode import ModelInfo, RunRequest, RunRequestError, parse_run_request
 from proxy.submit.render import RenderedRun, RenderError, Stamps, render
@@ -243,20 +244,17 @@ async def _delete_quietly(kube: KubeClient, name: str) -> bool:
     return True
 
 
-def run_state(model: ModelInfo, stamps: Stamps, run_name: str, now: dt.datetime) -> dict[str, Any]:
-    """The RunState answer with all 10 keys the UI requires."""
-    return {
-        "ModelName": model.name,
-        "ModelDigest": model.digest,
-        "RunStamp": stamps.run_stamp,
-        "SubmitStamp": stamps.submit_stamp,
-        "IsFinal": False,
-        "UpdateDateTime": make_datetime(now),
-        "RunName": run_name,
-        "TaskRunName": "",
-        "IsLog": True,
-        "LogFileName": f"{model.name}.{stamps.run_stamp}.console.log",
-    }
+def run_state(model: ModelInfo, stamps: Stamps, run_name: str, now: dt.datetime) -> RunState:
+    """The RunState answer of a run just submitted (:mod:`proxy.runstate`)."""
+    return runstate.run_state(
+        model_name=model.name,
+        model_digest=model.digest,
+        run_stamp=stamps.run_stamp,
+        submit_stamp=stamps.submit_stamp,
+        is_final=False,
+        update_time=make_datetime(now),
+        run_name=run_name,
+    )
 
 
 async def handle_submit(request: web.Request) -> web.StreamResponse:
