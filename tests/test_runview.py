@@ -604,7 +604,7 @@ def test_run_job_passes_the_ui_is_run_job_check() -> None:
         assert isinstance(job[key], str | dict)
     assert isinstance(job["Threads"], int)
     assert job["IsMpi"] is True
-    assert job["Mpi"] == {"Np": 3, "IsNotOnRoot": True, "IsNotByJob": True}
+    assert job["Mpi"] == {"Np": 3, "IsNotOnRoot": True, "IsNotByJob": False}  # as oms's own
     assert job["Res"] == {
         "Cpu": 4,
         "Mem": 0,
