@@ -413,3 +413,35 @@ async def test_a_start_deadline_verdict_under_kueue_is_not_undone_by_admission(e
     assert again["Lines"] == page["Lines"]
     status = await (await client.get(f"/api/model/{DIGEST}/run/{state['RunStamp']}/status")).json()
     assert status["Status"] == "e"
+
+
+async def test_r_wait_for_run_completed_then_the_log_is_final_and_whole(env: Env) -> None:
+    """openmpp/R omsCommon.R: POST with Opts["OpenM.RunStamp"] and a Template, then GET
+    .../run/<stamp>/status every second until s/x/e, then read the log once."""
+    lines = [f"launcher line {i}" for i in range(8)]
+    _scenario(env.kube, log_lines=lines, line_interval=0.02)
+    config = env.config(follow={"settle_seconds": 2.0, "events_refresh_seconds": 5.0})
+    one, two = await env.proxy(config), await env.proxy(config)
+    body = {
+        "ModelDigest": DIGEST,
+        "Mpi": {"Np": 2, "IsNotOnRoot": False},
+        "Template": f"mpi.{MODEL}.template.txt",
+        "Opts": {"OpenM.RunStamp": "r-run-1", "OpenM.RunName": "from R"},
+    }
+    resp = await one.post("/api/run", json=body)
+    assert resp.status == 200
+    state = await resp.json()
+    assert (state["RunStamp"], state["SubmitStamp"] != "r-run-1") == ("r-run-1", True)
+    clients = iter([one, two] * 1000)  # behind a round-robin balancer
+    async with asyncio.timeout(15):
+        while True:
+            url = f"/api/model/{DIGEST}/run/{state['RunStamp']}/status"
+            status = await (await next(clients).get(url)).json()
+            if status["Status"] not in ("", "i", "p", "w"):
+                break
+            await asyncio.sleep(0.2)
+    assert status["Status"] == "s"
+    url = f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}/start/0/count/0"
+    page = await (await next(clients).get(url)).json()
+    assert page["IsFinal"] is True
+    assert [x for x in page["Lines"] if not x.startswith("[oms-mpijob-proxy]")] == lines
