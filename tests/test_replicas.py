@@ -11,10 +11,9 @@ without a RunStamp, log pages, status lists, the service-state page.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,17 +75,17 @@ def post_run(url: str, i: int) -> tuple[int, Any]:
         "Template": "",
         "Opts": {"OpenM.RunName": f"run-{i:02d}"},
     }
-    req = urllib.request.Request(
-        url + "/api/run",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
+        conn.request("POST", "/api/run", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return resp.status, data.decode(errors="replace")  # plain text, as oms's
+    return resp.status, json.loads(data)
 
 
 def log_page(url: str) -> Any:

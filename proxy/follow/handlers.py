@@ -27,7 +27,7 @@ from proxy.follow.cache import RUN_CACHE, RunCache
 from proxy.follow.omsshapes import (
     PagingError,
     history_job,
-    job_status,
+    job_details,
     log_page,
     parse_go_int,
     progress_item,
@@ -239,10 +239,7 @@ async def handle_service_job(request: web.Request) -> web.StreamResponse:
     position = 0
     if which == "queue":
         position = 1 + [v.info.name for v in listed].index(run.name)
-    job = run_job(view, _template_name(request), position)
-    status = job_status(view) if which == "history" else ""
-    lines = list(view.lines) if which != "queue" else []
-    return _json({"JobStatus": status, **job, "RunStatus": [item], "Lines": lines}, request)
+    return _json(job_details(view, item, _template_name(request), position, which), request)
 
 
 async def run_cache_context(app: web.Application) -> AsyncIterator[None]:

@@ -184,6 +184,20 @@ def history_job(view: RunView) -> dict[str, Any]:
     }
 
 
+def job_details(
+    view: RunView, run_status: Any, template: str = "", queue_pos: int = 0, which: str = "active"
+) -> dict[str, Any]:
+    """oms ``runJobState``, the answer to ``/api/service/job/<which>/<submitStamp>``: the RunJob,
+    its run status and its log (oms shows no log for a queued job; ``JobStatus`` only in
+    history)."""
+    return {
+        "JobStatus": job_status(view) if which == "history" else "",
+        **run_job(view, template, queue_pos),
+        "RunStatus": [run_status],
+        "Lines": list(view.lines) if which != "queue" else [],
+    }
+
+
 # --- progress items -------------------------------------------------------------------------
 
 _OVERRIDDEN = frozenset({"failed", "stopped", "deadline"})
