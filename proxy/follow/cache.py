@@ -29,9 +29,10 @@ make them identical on every replica and across restarts: the frozen prelude of 
 (:data:`proxy.follow.view.PRELUDE_KEY`), and the start-deadline verdict
 (:data:`proxy.follow.view.FINAL_MESSAGE_KEY`). Whichever replica can first compute one writes it
 with a JSON merge patch carrying ``metadata.resourceVersion`` (a 409 means someone else changed the
-job: re-read and look again). Recording the start deadline also suspends the MPIJob
-(``spec.runPolicy.suspend: true``), so a run reported failed cannot start later behind the
-user's back.
+job: re-read and look again); :mod:`proxy.follow.recorder` does it, retrying in the
+background, while this replica answers from what it froze. Recording the start deadline also
+suspends the MPIJob (``spec.runPolicy.suspend: true``), or deletes it when Kueue queues it
+(Kueue would resume it), so a run reported failed cannot start later behind the user's back.
 
 **Retention of finished runs.** Finished MPIJobs (Succeeded, Failed, or past the start
 deadline) are kept for ``runs.finished_retention_seconds``, counted from when they finished, so
@@ -299,19 +300,21 @@ class RunCache(RunStore):
         queue: list[RunView] = []
         active: list[RunView] = []
         history: list[RunView] = []
+        lists = {"queue": queue, "active": active, "history": history}
         for run in list(self._runs.values()):
             view = self.peek(run)
-            if view is None:
-                continue
-            if view.phase in FINAL_PHASES:
-                history.append(view)
-            elif view.phase == "queued":
-                queue.append(view)
-            else:
-                active.append(view)
+            if view is not None:
+                lists[self.job_list(view)].append(view)
         for views in (queue, active, history):
             views.sort(key=lambda v: (v.info.submit_stamp, v.info.name))
         return queue, active, history
+
+    @staticmethod
+    def job_list(view: RunView) -> str:
+        """Which list of the jobs page a run is in: queue, active or history (see :meth:`jobs`)."""
+        if view.phase in FINAL_PHASES:
+            return "history"
+        return "queue" if view.phase == "queued" else "active"
 
     def phase_counts(self) -> dict[str, int]:
         """Runs known to the cache by phase, from what is cached (no API call; for metrics)."""

@@ -200,8 +200,8 @@ async def handle_service_state(request: web.Request) -> web.StreamResponse:
     if not (queue or active or history):
         return answer.response(request)
     template = _template_name(request)
-    first = len(doc["Queue"]) + 1
-    queued = [run_job(v, template, first + i) for i, v in enumerate(queue)]
+    # QueuePos: the position in the cluster's queue (Kueue's), apart from oms's own queue.
+    queued = [run_job(v, template, 1 + i) for i, v in enumerate(queue)]
     running = [run_job(v, template) for v in active]
     doc["Queue"] = [*doc["Queue"], *queued]
     doc["Active"] = [*doc["Active"], *running]
@@ -211,9 +211,6 @@ async def handle_service_state(request: web.Request) -> web.StreamResponse:
     return _json(doc, request)
 
 
-_JOB_LISTS = {"active": 1, "queue": 0, "history": 2}
-
-
 async def handle_service_job(request: web.Request) -> web.StreamResponse:
     """GET /api/service/job/{active|queue|history}/{stamp}: oms's ``runJobState`` of a launched
     run that is in that list of the jobs page (others pass through to oms)."""
@@ -221,14 +218,10 @@ async def handle_service_job(request: web.Request) -> web.StreamResponse:
     if cache is None:
         return await forward(request)
     which = request.path.split("/")[4]
-    stamp = request.match_info["stamp"]
-    listed = (await cache.jobs())[_JOB_LISTS[which]]
-    run = await cache.find(stamp)
-    if run is None or not any(v.info.name == run.name for v in listed):
-        return await forward(request)
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
+    run = await cache.find(request.match_info["stamp"])
+    view = await cache.view(run) if run is not None else None
+    if run is None or view is None or cache.job_list(view) != which:
+        return await forward(request)  # not one of ours in that list: oms answers
     info = view.info
     item: Any = run_pub(view)
     path = f"/api/model/{quote(info.model_digest, safe='')}/run/{quote(info.run_stamp, safe='')}"
@@ -238,7 +231,8 @@ async def handle_service_job(request: web.Request) -> web.StreamResponse:
             item = progress_item(oms_list[0], view) or oms_list[0]
     position = 0
     if which == "queue":
-        position = 1 + [v.info.name for v in listed].index(run.name)
+        queue = [v.info.name for v in (await cache.jobs())[0]]
+        position = 1 + queue.index(run.name) if run.name in queue else 0
     return _json(job_details(view, item, _template_name(request), position, which), request)
 
 
