@@ -5,6 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+from aiohttp import web
+
+from proxy.app import create_app
+from proxy.routes import HEALTH_ROUTES, ROUTES, bind
+from tests.conftest import make_config
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 650
 """About 600 lines at most per production module (a module over it does more than one thing)."""
@@ -55,10 +62,6 @@ def test_no_production_module_is_too_long() -> None:
 
 def test_a_route_without_a_handler_stops_start_up() -> None:
     """routes.bind refuses a gap either way: the app cannot start answering less than ROUTES."""
-    import pytest
-    from aiohttp import web
-
-    from proxy.routes import HEALTH_ROUTES, ROUTES, bind
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response()
@@ -73,10 +76,6 @@ def test_a_route_without_a_handler_stops_start_up() -> None:
 
 
 def test_the_app_answers_every_route_it_publishes() -> None:
-    from proxy.app import create_app
-    from proxy.routes import HEALTH_ROUTES, ROUTES
-    from tests.conftest import make_config
-
     app = create_app(make_config("http://127.0.0.1:9", runs={"intercept": "mpi"}))
     named = app.router.named_resources()
     assert {r.name for r in ROUTES + HEALTH_ROUTES} <= set(named)

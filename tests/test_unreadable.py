@@ -71,3 +71,13 @@ async def test_forbidden_pod_list_is_said_not_silently_empty(env: Env) -> None:
     (problem,) = _problem_lines(lines)
     assert "lacks a permission" in problem
     assert lines[0].startswith(PREFIX)  # the submission line still comes first
+
+
+async def test_forbidden_events_are_said_once(env: Env) -> None:
+    _scenario(env.kube, kind="suspended")  # a run that waits: its page would explain it
+    env.kube.forbid("list", "events")
+    client = await env.proxy()
+    state: Any = await env.submit(client)
+    lines = await _lines_until(client, state["RunStamp"], "could not read the namespace's Events")
+    (problem,) = _problem_lines(lines)
+    assert "lacks a permission" in problem

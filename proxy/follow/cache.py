@@ -146,6 +146,7 @@ class RunCache(RunStore):
         self._events_task: asyncio.Task[None] | None = None
         self._events_next = -math.inf
         self._events_forbidden = False
+        self._events_problem: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.recorder = Recorder(kube, self.tuning, self._upsert_job, self._spawn)
@@ -363,7 +364,8 @@ class RunCache(RunStore):
         )
         prelude_recorded = PRELUDE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
         events = self._events
-        unreadable = tuple(p for p in (self._pods_problem, run.log_problem) if p)
+        problems = (self._pods_problem, self._events_problem, run.log_problem)
+        unreadable = tuple(p for p in problems if p)
         key = (
             unreadable,
             resource_version(run.obj),
@@ -490,6 +492,7 @@ class RunCache(RunStore):
         except KubeForbidden as e:
             _LOGGER.warning("cannot list Events, runs will be explained less: %s", e)
             self._events_forbidden = True
+            self._events_problem = f"the namespace's Events ({e})"
             self._events = EventsSnapshot((), fetched_at)
         except KubeError as e:
             _LOGGER.warning("listing Events failed: %s", e)
