@@ -24,7 +24,17 @@ from proxy.follow.store import Run
 from proxy.follow.view import PRELUDE_KEY
 from proxy.submit.handler import SUBMITTER
 from standins.kube import Fault
-from tests.test_lifecycle import DIGEST, MODEL, NS, Env, _scenario, env, known
+from tests.test_lifecycle import (
+    DIGEST,
+    MODEL,
+    MODEL_LINES,
+    NS,
+    Env,
+    UiPoller,
+    _scenario,
+    env,
+    known,
+)
 
 __all__ = ["env"]
 
@@ -445,3 +455,30 @@ async def test_r_wait_for_run_completed_then_the_log_is_final_and_whole(env: Env
     page = await (await next(clients).get(url)).json()
     assert page["IsFinal"] is True
     assert [x for x in page["Lines"] if not x.startswith("[oms-mpijob-proxy]")] == lines
+
+
+async def test_with_events_forbidden_the_first_read_after_the_end_is_still_final(env: Env) -> None:
+    lines = [f"launcher line {i}" for i in range(5)]
+    _scenario(env.kube, log_lines=lines, line_interval=0.01)
+    env.kube.forbid("list", "events")
+    client = await env.proxy()
+    _, state = await post_ui_run(client, "no events")
+    await succeeded(env, state["RunStamp"])
+    await asyncio.sleep(0.3)
+    url = f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}/start/0/count/0"
+    page = await (await client.get(url)).json()
+    assert page["IsFinal"] is True, page["Lines"]
+    assert [x for x in page["Lines"] if not x.startswith("[oms-mpijob-proxy]")] == lines
+
+
+async def test_with_events_forbidden_a_polled_run_ends_final(env: Env) -> None:
+    _scenario(env.kube, line_interval=0.05)
+    env.kube.forbid("list", "events")
+    client = await env.proxy()
+    _, state = await post_ui_run(client, "no events, polled")
+    poller = await UiPoller(client, state["RunStamp"]).run(within=10)
+    assert poller.state["IsFinal"] is True
+    url = f"/api/run/log/model/{DIGEST}/stamp/{state['RunStamp']}/start/0/count/0"
+    page = await (await client.get(url)).json()
+    assert page["IsFinal"] is True
+    assert [x for x in page["Lines"] if not x.startswith("[oms-mpijob-proxy]")] == MODEL_LINES

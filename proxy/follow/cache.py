@@ -469,7 +469,10 @@ class RunCache(RunStore):
         else:
             return False
         if self._events_forbidden:
-            return False
+            # No Events can be read: "listed now, none" is all there is, so a prelude can still
+            # freeze (the page says once what could not be read).
+            self._events = EventsSnapshot((), now)
+            return True
         if self._events_task is None:
             if time.monotonic() < self._events_next:
                 return False
