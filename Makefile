@@ -1,11 +1,12 @@
 # Two commands do everything on a fresh machine with Python 3.11+:
 #   make demo   — create .venv, install, run the whole flow on built-in stand-ins
 #   make test   — create .venv with test extras, then lint, type-check and test
+#   make e2e    — build a real control plane from Go modules (.e2e/bin), run tests/e2e against it
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck pytest bench soak mutation venv clean
+.PHONY: demo test lint typecheck pytest e2e e2e-build bench soak mutation venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,13 @@ typecheck: venv
 
 pytest: venv
 	$(PY) -m pytest
+
+# The real control plane (Go toolchain needed; binaries reused from .e2e/bin or $$KUBEBUILDER_ASSETS).
+e2e-build:
+	bash e2e/build.sh
+
+e2e: venv e2e-build
+	$(PY) -m pytest tests/e2e
 
 bench: venv
 	$(PY) bench/passthrough.py

@@ -23,6 +23,7 @@ from aiohttp import web
 from proxy.accesslog import JsonAccessLogger, JsonAccessLoggerWithHealth, install_log_filters
 from proxy.clients.kube import KUBE, KubeClient, load_api_client
 from proxy.clients.oms import OMS, OmsClient
+from proxy.clientside import ProxyRunner
 from proxy.config import Config
 from proxy.errors import ERROR_KEY, BadRequest, Handler, ProxyError, error_middleware
 from proxy.follow.cache import RUN_CACHE
@@ -70,11 +71,56 @@ def server_options(config: Config) -> dict[str, Any]:
     """
     return {
         "keepalive_timeout": config.server.client_header_timeout_seconds,
+        "max_line_size": config.server.max_request_target_bytes,
+        "max_field_size": config.server.max_header_bytes,
+        "max_headers": config.server.max_headers,
         "lingering_time": LINGER_SECONDS,
         "access_log_class": (
             JsonAccessLoggerWithHealth if config.server.access_log_health else JsonAccessLogger
         ),
     }
+
+
+async def start_site(
+    app: web.Application, config: Config, host: str, port: int, **options: Any
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host``:``port`` (0: any free port) with the options of ``serve``.
+
+    ``options`` add to or replace aiohttp's server options (``access_log=None``: none).
+    Returns the runner (``await runner.cleanup()`` to stop) and the port it listens on.
+    """
+    runner = ProxyRunner(
+        app,
+        handle_signals=False,
+        shutdown_timeout=config.server.shutdown_grace_seconds,
+        **(server_options(config) | options),
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound: int = runner.addresses[0][1]
+    return runner, bound
+
+
+async def serve_until_signalled(app: web.Application, config: Config) -> None:
+    """Serve ``app`` on ``server.host``:``server.port`` until SIGTERM or SIGINT, then shut down.
+
+    The runner's signal handlers raise ``web.GracefulExit`` out of the event loop; the caller
+    then cancels this coroutine, whose ``finally`` stops accepting and gives the requests in
+    flight ``server.shutdown_grace_seconds`` (``web.run_app`` does the same, but cannot serve
+    through :class:`proxy.clientside.ProxyRunner`).
+    """
+    runner = ProxyRunner(
+        app,
+        handle_signals=True,
+        shutdown_timeout=config.server.shutdown_grace_seconds,
+        **server_options(config),
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.server.host, config.server.port).start()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
 
 
 def _request_id(incoming: str | None) -> str:
@@ -193,6 +239,8 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
         read_timeout=config.oms.first_byte_timeout_seconds,
         max_connections=config.oms.max_connections,
         chunk=config.server.read_chunk_bytes,
+        max_head_bytes=config.oms.max_answer_head_bytes,
+        max_headers=config.oms.max_answer_headers,
     )
     app[UPSTREAM] = upstream
     kube: KubeClient | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -68,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from proxy.accesslog import setup_logging
-    from proxy.app import create_app, server_options
+    from proxy.app import create_app, serve_until_signalled
 
     config = load_config(
         args.config,
@@ -91,21 +92,25 @@ def _serve(args: argparse.Namespace) -> int:
         config.source,
         config.server.event_loop,
     )
-    loop: asyncio.AbstractEventLoop | None = None
     if config.server.event_loop == "uvloop":
         import uvloop
 
-        loop = uvloop.new_event_loop()
-    web.run_app(
-        app,
-        loop=loop,  # None: asyncio's; run_app closes it at the end
-        host=config.server.host,
-        port=config.server.port,
-        shutdown_timeout=config.server.shutdown_grace_seconds,
-        print=None,
-        handle_signals=True,
-        **server_options(config),
-    )
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    task = loop.create_task(serve_until_signalled(app, config))
+    try:
+        loop.run_until_complete(task)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not task.done():
+            task.cancel()  # its finally shuts the server down gracefully
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(task)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
     return 0
 
 
@@ -136,8 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return render_command(args.config, args.request)
         if args.command == "demo":
-            from standins.demo import run_demo
-
+            try:  # the stand-ins ship with the distribution, not with the container image
+                from standins.demo import run_demo
+            except ModuleNotFoundError:
+                print("the demo needs the stand-ins (pip install the repository)", file=sys.stderr)
+                return 2
             return run_demo(serve=args.serve, port=args.port)
     except ConfigError as e:
         print(f"configuration error: {e}", file=sys.stderr)

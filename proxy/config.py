@@ -124,6 +124,20 @@ class ServerConfig:
             "per stream; uploads go on in the pieces they arrive in."
         ),
     )
+    max_request_target_bytes: int = dataclasses.field(
+        default=8190,
+        metadata=_doc("Longest request target (path and query) a client may send; past it: 414."),
+    )
+    max_header_bytes: int = dataclasses.field(
+        default=8190,
+        metadata=_doc(
+            "Longest request header line (name and value) a client may send; past it: 431."
+        ),
+    )
+    max_headers: int = dataclasses.field(
+        default=128,
+        metadata=_doc("Most header lines in a client's request; past it: 431."),
+    )
     identity_header: str = dataclasses.field(
         default="",
         metadata=_doc(
@@ -168,6 +182,17 @@ class OmsConfig:
             "Connections the pass-through keeps to oms at most (its own lookups use a separate "
             "pool of the same size); 0 means no limit."
         ),
+    )
+    max_answer_head_bytes: int = dataclasses.field(
+        default=65536,
+        metadata=_doc(
+            "Largest head (status line and header lines, 1xx answers included) of an oms answer "
+            "the pass-through takes; past it: 502 at once, nothing more of it buffered."
+        ),
+    )
+    max_answer_headers: int = dataclasses.field(
+        default=100,
+        metadata=_doc("Most header lines in an oms answer the pass-through takes; past it: 502."),
     )
     model_cache_seconds: float = dataclasses.field(
         default=30.0,

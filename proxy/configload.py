@@ -147,6 +147,11 @@ def _check(config: Config) -> None:
     need(o.first_byte_timeout_seconds > 0, "oms.first_byte_timeout_seconds", "expected > 0")
     need(o.max_connections >= 0, "oms.max_connections", "expected >= 0 (0: no limit)")
     need(o.model_cache_seconds >= 0, "oms.model_cache_seconds", "expected >= 0")
+    for key in ("max_request_target_bytes", "max_header_bytes"):
+        need(getattr(s, key) >= 256, f"server.{key}", "expected >= 256")
+    need(s.max_headers >= 1, "server.max_headers", "expected >= 1")
+    need(o.max_answer_head_bytes >= 1024, "oms.max_answer_head_bytes", "expected >= 1024")
+    need(o.max_answer_headers >= 1, "oms.max_answer_headers", "expected >= 1")
     need(
         _DNS1123_LABEL.match(k.namespace) is not None and len(k.namespace) <= 63,
         "kubernetes.namespace",

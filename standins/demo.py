@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 
 from proxy import names
-from proxy.app import create_app
+from proxy.app import create_app, start_site
 from proxy.config import Config
 from proxy.configload import config_from_dict, default_config_dir
 from standins.kube import FakeKube, Scenario, find_crd, serve, write_kubeconfig
@@ -129,7 +129,11 @@ class Stack:
         self.runners.append(runner)
         kube_runner, kube_url = await serve(self.kube)
         self.runners.append(kube_runner)
-        runner, self.proxy_url = await _start(create_app(self.config(kube_url)), proxy_port)
+        config = self.config(kube_url)
+        runner, port = await start_site(
+            create_app(config), config, "127.0.0.1", proxy_port, access_log=None
+        )
+        self.proxy_url = f"http://127.0.0.1:{port}"
         self.runners.insert(0, runner)
 
     async def stop(self) -> None:

@@ -255,7 +255,8 @@ def _event_expiry(kube: FakeKube, ttl: float) -> Callable[[web.Application], Asy
             for ns, name in [
                 key
                 for key, event in kube._store[EVENTS.resource].items()
-                if str(event.get("lastTimestamp") or "") < cutoff
+                if str(event.get("lastTimestamp") or event.get("eventTime") or "")[:19] + "Z"
+                < cutoff
             ]:
                 kube._remove(EVENTS, ns, name)
 

@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app, server_options
+from proxy.clientside import ProxyRunner
 from proxy.config import Config
 from proxy.configload import config_from_dict
 from standins.oms import FakeOms
@@ -59,15 +60,22 @@ def make_config(oms_url: str, **sections: dict[str, Any]) -> Config:
 ProxyFactory = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
 
 
+class ProxyTestServer(TestServer):
+    """A TestServer serving through the proxy's own runner (proxy.clientside), as ``serve``."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.BaseRunner:
+        return ProxyRunner(self.app, **kwargs)
+
+
 @pytest.fixture
 async def make_proxy(
     aiohttp_client: Callable[..., Awaitable[TestClient[web.Request, web.Application]]],
-    aiohttp_server: Callable[..., Awaitable[TestServer]],
 ) -> ProxyFactory:
-    """Build a proxy TestClient for a Config, served with the same options as ``serve``."""
+    """Build a proxy TestClient for a Config, served with the same stack as ``serve``."""
 
     async def factory(config: Config) -> TestClient[web.Request, web.Application]:
-        server = await aiohttp_server(create_app(config), **server_options(config))
+        server = ProxyTestServer(create_app(config), host="127.0.0.1")
+        await server.start_server(**server_options(config))
         return await aiohttp_client(server)
 
     return factory

@@ -37,7 +37,7 @@ from proxy.config import Config
 from proxy.submit.handler import SUBMITTER
 from standins.kube import FakeKube, Fault, Scenario
 from standins.oms import FakeOms
-from tests.conftest import KubeconfigFor, make_config
+from tests.conftest import KubeconfigFor, ProxyTestServer, make_config
 
 Client = TestClient[web.Request, web.Application]
 UI_MPI = json.loads((Path(__file__).parent / "requests" / "ui-mpi.json").read_text())
@@ -98,12 +98,13 @@ async def settle(client: Client, within: float = 8.0) -> None:
 
 
 @pytest.fixture
-def served(aiohttp_server: Any, aiohttp_client: Any) -> Any:
+def served(aiohttp_client: Any) -> Any:
     """``await served(config)``: a client of the proxy served with the options ``serve`` uses
     (TestServer ignores options given to its constructor, so the server is started here)."""
 
     async def go(config: Config) -> Client:
-        server = await aiohttp_server(create_app(config), **server_options(config))
+        server = ProxyTestServer(create_app(config), host="127.0.0.1")
+        await server.start_server(**server_options(config))
         client: Client = await aiohttp_client(server)
         return client
 

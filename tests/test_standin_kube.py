@@ -596,9 +596,8 @@ async def test_unschedulable_scenario(
     events = await core.list_namespaced_event(NS, field_selector="reason=FailedScheduling")
     assert len(events.items) == 3
     assert all(e.type == "Warning" and e.involved_object.kind == "Pod" for e in events.items)
-    with pytest.raises(ApiException) as caught:
-        await core.read_namespaced_pod_log(pods[0].metadata.name, NS)
-    assert "does not have a host assigned" in status_of(caught.value)["message"]
+    # an unscheduled pod has no log yet: the real API server answers 204 with no body
+    assert await core.read_namespaced_pod_log(pods[0].metadata.name, NS) in (None, "")
 
 
 async def test_operator_validation_error_is_only_an_event(
@@ -908,10 +907,8 @@ async def test_missing_crd_is_404_for_mpijobs_only(kube_connect: Any) -> None:
         with pytest.raises(ApiException) as caught:
             await call
         assert caught.value.status == 404
-        assert status_of(caught.value)["message"] == (
-            "the server could not find the requested resource"
-        )
-        assert status_of(caught.value)["details"] == {}
+        body = caught.value.body
+        assert (body.decode() if isinstance(body, bytes) else body) == "404 page not found\n"
     assert (await client.CoreV1Api(api).list_namespaced_pod(NS)).items == []
 
 

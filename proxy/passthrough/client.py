@@ -28,9 +28,14 @@ An exchange, on one :class:`_Conn` (an ``asyncio.Protocol``):
   parsed, is queued as read from the socket, only counted (llhttp would copy it once more).
   Past ``chunk`` bytes queued, the socket stops being read until the consumer catches up,
   so a download never piles up either. Nothing is decompressed.
-- header names and values are passed with their exact bytes (values decoded as aiohttp's server
-  decodes them, UTF-8 with surrogate escapes, and encoded back the same way), in their order,
-  repeated ones included.
+- header names and values are passed with their exact bytes (values decoded as UTF-8, with
+  surrogate escapes for bytes that are not, which :func:`proxy.headers.encode_head` writes
+  back as they came), in their order, repeated ones included.
+- the head is bounded (``max_head_bytes``, ``max_headers``) and framed as RFC 9112 says:
+  Transfer-Encoding is one list over all its field lines and only ``chunked`` is decoded; a status
+  outside 100-599, a 1xx with a body or a 101 fail the exchange; other 1xx answers (but 100,
+  which answers an Expect the proxy's own server handles) are kept for the caller to relay
+  (:attr:`Response.interim`).
 
 Connections are kept alive and reused, most recently used first, only when the previous exchange
 ended cleanly: the whole answer received, keep-alive on both sides, nothing unexpected received
@@ -62,6 +67,7 @@ from proxy.passthrough.connection import (
     Broken,
     ConnectFailed,
     ConnectTimeout,
+    Interim,
     ReadTimeout,
     UpstreamError,
     _Conn,
@@ -74,6 +80,7 @@ __all__ = [
     "Broken",
     "ConnectFailed",
     "ConnectTimeout",
+    "Interim",
     "ReadTimeout",
     "Response",
     "Upstream",
@@ -88,7 +95,16 @@ class Response:
     the pool if the answer was read whole and cleanly, else it is closed.
     """
 
-    __slots__ = ("_conn", "_pool", "content_length", "headers", "reason", "status")
+    __slots__ = (
+        "_conn",
+        "_pool",
+        "content_length",
+        "headers",
+        "interim",
+        "raw_bytes",
+        "reason",
+        "status",
+    )
 
     def __init__(self, conn: _Conn, pool: Upstream) -> None:
         self._conn: _Conn | None = conn
@@ -97,6 +113,8 @@ class Response:
         self.reason = conn._reason.decode("utf-8", "surrogateescape")
         self.headers = conn.headers
         self.content_length = conn.content_length
+        self.interim = conn.interim  # 1xx answers before this one (mostly empty)
+        self.raw_bytes = conn.raw_bytes  # a header value that is not UTF-8 (surrogate escapes)
 
     async def read_chunk(self, n: int) -> bytes:
         """Up to ``n`` bytes of the body, as they come; ``b""`` once it is all read."""
@@ -136,8 +154,10 @@ class Upstream:
 
     ``chunk`` is the size of the body reads, and the most of an answer's body queued (past it,
     the socket is not read until the queue is half empty); ``ssl_context`` the TLS settings
-    for an https ``url`` (default: the system's CAs, hostname checked). Create it inside the
-    running event loop; :meth:`close` it at the end.
+    for an https ``url`` (default: the system's CAs, hostname checked). An answer whose head
+    (interim answers included) is over ``max_head_bytes``, or has more than ``max_headers``
+    header lines, fails as :class:`Broken` as soon as that shows, before more of it is held.
+    Create it inside the running event loop; :meth:`close` it at the end.
     """
 
     def __init__(
@@ -149,6 +169,8 @@ class Upstream:
         max_connections: int = 0,
         max_idle_seconds: float = 15.0,
         chunk: int = 256 * 1024,
+        max_head_bytes: int = 65536,
+        max_headers: int = 100,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
@@ -170,6 +192,8 @@ class Upstream:
         self.max_connections = max_connections
         self.max_idle_seconds = max_idle_seconds
         self.high_water = chunk
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
         self.loop = asyncio.get_running_loop()
         self._idle: list[_Conn] = []  # oldest first
         self._conns: set[_Conn] = set()

@@ -11,14 +11,11 @@ import collections
 import errno
 import os
 import typing
-from collections.abc import AsyncGenerator, AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from typing import Final
 
 import httptools
 from multidict import CIMultiDict
-
-# Methods that may be sent twice (RFC 9110 §9.2.2).
-_IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 # Bodies in memory up to this size are sent in the same write as the head.
 _COALESCE = 64 * 1024
@@ -63,11 +60,21 @@ class _Stray(Exception):
     """Raised inside a parser callback to stop parsing bytes that belong to no exchange."""
 
 
+class Interim(typing.NamedTuple):
+    """A 1xx answer that came before the final one: status, reason, header lines in order."""
+
+    status: int
+    reason: bytes
+    headers: list[tuple[str, str]]
+
+
 class Pool(typing.Protocol):
     """What a connection needs of its pool (:class:`proxy.passthrough.client.Upstream`)."""
 
     loop: asyncio.AbstractEventLoop
     high_water: int
+    max_head_bytes: int
+    max_headers: int
     read_timeout: float
 
     def discard(self, conn: _Conn) -> None:
@@ -84,6 +91,8 @@ class _Conn(asyncio.Protocol):
         self._pool = pool
         self._loop = pool.loop
         self._high = pool.high_water
+        self._max_head = pool.max_head_bytes
+        self._max_headers = pool.max_headers
         self._read_timeout = pool.read_timeout
         self._low = pool.high_water // 2
         self.transport: asyncio.Transport | None = None
@@ -112,6 +121,10 @@ class _Conn(asyncio.Protocol):
         self.status = 0
         self._reason = b""
         self._raw: list[tuple[str, str]] = []
+        self.head_bytes = 0  # of the answer's head lines (and its interim answers') so far
+        self._head_fed = 0  # bytes fed to the parser before the head was complete
+        self.interim: list[Interim] = []  # 1xx answers to relay (not 100, never 101)
+        self.raw_bytes = False  # a header value is not UTF-8 (held with surrogate escapes)
         self.headers: CIMultiDict[str] = _NO_HEADERS
         self.content_length: int | None = None
         self._interim = False
@@ -144,6 +157,9 @@ class _Conn(asyncio.Protocol):
             self._direct(data)
             return
         self.got_bytes = True
+        head = not self.head_done
+        if head:
+            self._head_fed += len(data)
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
@@ -156,6 +172,10 @@ class _Conn(asyncio.Protocol):
                     self._fail(Broken(f"a malformed answer ({type(e).__name__})"))
             elif self.transport is not None:
                 self.transport.abort()  # stray bytes after a whole answer
+            return
+        if head and not self.head_done and self._head_fed > self._max_head:
+            # Stop before the parser buffers more of a head that is too big anyway.
+            self._fail(Broken(f"an answer head over {self._max_head} bytes"))
             return
         length = self.content_length
         if (
@@ -209,16 +229,35 @@ class _Conn(asyncio.Protocol):
 
     def on_status(self, status: bytes) -> None:
         self._reason += status
+        self.head_bytes += len(status) + 15  # "HTTP/1.1 200 " and CRLF
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        # The limits are checked at the head's end: what one read brings is bounded before
+        # (data_received), so only a head that came in one read can be over them here.
+        self.head_bytes += len(name) + len(value)
+        try:
+            text = value.decode()
+        except UnicodeDecodeError:  # bytes pass unchanged: see proxy.headers.encode_head
+            text = value.decode("utf-8", "surrogateescape")
+            self.raw_bytes = True
+        self._raw.append((name.decode("latin-1"), text))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
+        if len(self._raw) > self._max_headers:
+            raise Broken(f"an answer with more than {self._max_headers} header lines")
+        if self.head_bytes + 4 * len(self._raw) > self._max_head:  # ": " and CRLF per line
+            raise Broken(f"an answer head over {self._max_head} bytes")
+        if not 100 <= status <= 599:  # RFC 9110 §15: three digits, 100 to 599
+            raise Broken(f"an answer with status {status:03d}, which is no HTTP status")
         if status < 200:
             if status == 101:
                 raise Broken("a protocol switch (101), which the pass-through does not support")
-            self._interim = True  # 100, 102, 103: an interim answer; the final one follows
+            # An interim answer; the final one follows. 100 answers the Expect that the
+            # proxy's own server handles: not relayed.
+            self._interim = True
+            if status != 100:
+                self.interim.append(Interim(status, self._reason, self._raw))
             self._raw = []
             self._reason = b""
             return
@@ -233,14 +272,18 @@ class _Conn(asyncio.Protocol):
             self.complete = True
             self.reusable = False
         elif length is None and status not in (204, 304):
-            encoding = headers.get("Transfer-Encoding")
-            self.eof_body = encoding is None or not encoding.rstrip().lower().endswith("chunked")
+            codings = _transfer_codings(headers.getall("Transfer-Encoding", ()))
+            if codings and codings != ["chunked"]:
+                raise Broken(f"a transfer coding the pass-through cannot decode: {codings}")
+            self.eof_body = not codings
         self.head_done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
         if self.complete:  # an answer to HEAD has no body whatever it announces
             return
+        if self._interim:  # llhttp frames a body for 1xx codes it does not know (104-199)
+            raise Broken("an interim (1xx) answer with a body")
         self.chunks.append(body)
         self.body_seen += len(body)
         self.buffered += len(body)
@@ -409,3 +452,17 @@ class _Conn(asyncio.Protocol):
                 raise Broken("connection closed in the middle of the answer")
             await self._wait()
         return self._take(n)
+
+
+def _transfer_codings(values: Iterable[str]) -> list[str]:
+    """The transfer codings of these Transfer-Encoding field lines, ``identity`` left out.
+
+    The field lines form one list (RFC 9110 §5.3), which llhttp frames by: ``identity`` on one
+    line and ``chunked`` on the next is a chunked body, not one ended by the close.
+    """
+    return [
+        low
+        for v in values
+        for c in v.split(",")
+        if (low := c.strip().lower()) and low != "identity"
+    ]

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import typing
 from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -114,12 +115,53 @@ def _upstream_error(e: UpstreamError) -> ProxyError:
     return UpstreamUnavailable(f"oms broke the exchange: {e}")
 
 
+class _RawHead:
+    """Mixin for answers with header bytes that are not UTF-8: the head is written as is."""
+
+    async def _write_headers(self) -> None:
+        response = typing.cast(web.StreamResponse, self)
+        request = response._req
+        assert request is not None
+        assert request.transport is not None
+        version = request.version
+        status = f"HTTP/{version.major}.{version.minor} {response.status} {response.reason}"
+        request.transport.write(hdr.encode_head(status, response.headers.items()))
+
+
+class _RawHeadResponse(_RawHead, web.Response):
+    pass
+
+
+class _RawHeadStreamResponse(_RawHead, web.StreamResponse):
+    pass
+
+
+def _relay_interim(request: web.Request, upstream: Response) -> None:
+    """oms's 1xx answers (102, 103, ...) go to the client first, if it speaks HTTP/1.1.
+
+    RFC 9110 §15.2: a proxy forwards 1xx answers, and never sends one to an HTTP/1.0 client.
+    """
+    if request.version < HttpVersion11 or request.transport is None:
+        return
+    out = b"".join(
+        hdr.encode_head(
+            f"HTTP/1.1 {i.status} {i.reason.decode('utf-8', 'surrogateescape')}",
+            hdr.downstream_response_headers(CIMultiDict(i.headers)).items(),
+        )
+        for i in upstream.interim
+    )
+    request.transport.write(out)
+
+
 async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.StreamResponse:
     resp_headers = hdr.downstream_response_headers(upstream.headers)
     if hdr.REQUEST_ID not in resp_headers:
         resp_headers[hdr.REQUEST_ID] = request_id(request)
     no_body = hdr.has_no_body(request.method, upstream.status)
     length = upstream.content_length
+    if upstream.interim:
+        _relay_interim(request, upstream)
+    raw = upstream.raw_bytes
 
     if not no_body and length is not None and length <= SMALL_BODY:
         try:
@@ -130,11 +172,11 @@ async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.St
             raise UpstreamUnavailable(f"oms broke the exchange: {e}") from e
         upstream.release()  # the connection can serve another request while this one is sent
         resp_headers.popall("Content-Length", None)
-        return web.Response(
+        return (_RawHeadResponse if raw else web.Response)(
             status=upstream.status, reason=upstream.reason, headers=resp_headers, body=payload
         )
 
-    response = web.StreamResponse(
+    response = (_RawHeadStreamResponse if raw else web.StreamResponse)(
         status=upstream.status, reason=upstream.reason, headers=resp_headers
     )
     if no_body:
@@ -144,8 +186,13 @@ async def _relay(request: web.Request, upstream: Response, chunk: int) -> web.St
         return response
     if length is not None:
         response.content_length = length
-    else:
+    elif request.version >= HttpVersion11:
         response.enable_chunked_encoding()
+    else:
+        # An HTTP/1.0 client knows no chunked coding: the body ends when the connection does
+        # (RFC 9112 §6.3), as nginx does it. aiohttp leaves the connection open when the client
+        # asked for keep-alive, hence the explicit close.
+        response.force_close()
     await response.prepare(request)
     read = upstream.read_chunk
     while True:

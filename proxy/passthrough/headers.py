@@ -98,3 +98,17 @@ def status_has_no_body(status: int) -> bool:
 def has_no_body(method: str, status: int) -> bool:
     """A HEAD answer, or a status that never has a body."""
     return method == "HEAD" or status_has_no_body(status)
+
+
+def encode_head(status_line: str, headers: Iterable[tuple[str, str]]) -> bytes:
+    """An answer's head as bytes, header values exactly as oms sent them.
+
+    Values that were not UTF-8 are held with surrogate escapes (proxy.passthrough.client) and come
+    out as their original bytes; aiohttp's own serialiser writes UTF-8 only and drops them.
+    """
+    lines = [status_line, *(f"{name}: {value}" for name, value in headers), "", ""]
+    text = "\r\n".join(lines)
+    breaks = len(lines) - 1  # every line ends in CRLF; any other CR or LF would split one
+    if text.count("\n") != breaks or text.count("\r") != breaks:
+        raise ValueError("line break in an answer head")
+    return text.encode("utf-8", "surrogateescape")

@@ -27,6 +27,7 @@ from standins.kube.store import (
     _LogLine,
     _now,
     _Run,
+    _stamp_precise,
     _suffix,
 )
 
@@ -119,6 +120,18 @@ class Operator(Store):
             "reportingComponent": component,
             "reportingInstance": "",
         }
+        if component == "default-scheduler":
+            # The scheduler records through events.k8s.io/v1: seen through core/v1, such an
+            # Event has only eventTime (microseconds), no source, timestamps or count.
+            event.update(
+                source={},
+                firstTimestamp=None,
+                lastTimestamp=None,
+                count=None,
+                eventTime=_stamp_precise(datetime.now(UTC)),
+                action="Binding" if reason == "Scheduled" else "Scheduling",
+                reportingInstance="default-scheduler-standin",
+            )
         self._stamp(event, meta["namespace"])
         self._put(EVENTS, event, "ADDED")
 
@@ -176,7 +189,7 @@ class Operator(Store):
             job, "Running", "True", "MPIJobRunning", f"MPIJob {key[0]}/{key[1]} is running."
         )
         self._put(MPIJOBS, job, "MODIFIED")
-        self._job_event(job, "Normal", "MPIJobRunning", "is running.")
+        self._job_event(job, "Normal", "MPIJobRunning", "is running")
         container = launcher["spec"]["containers"][0]["name"]
         for text in scenario.log_lines:
             await asyncio.sleep(scenario.line_interval)
@@ -244,7 +257,9 @@ class Operator(Store):
         else:
             reason, text = "MPIJobSucceeded", f"MPIJob {key[0]}/{key[1]} successfully completed."
             self._set_condition(job, "Succeeded", "True", reason, text)
-        self._set_condition(job, "Running", "False", reason, text)
+        for condition in status["conditions"]:  # as the operator does: only the status flips
+            if condition["type"] == "Running":
+                condition["status"] = "False"
         policy = job["spec"].get("runPolicy", {}).get("cleanPodPolicy", "None")
         if workers and policy in ("Running", "All"):
             status["replicaStatuses"]["Worker"] = {}

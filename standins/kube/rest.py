@@ -815,12 +815,13 @@ class FakeKube(Operator):
             container = names[0]
         if container not in names:
             raise _bad_request(f"container {container} is not valid for pod {name}")
+        if not pod["spec"].get("nodeName"):
+            # No node, no kubelet to ask: the API server streams nothing (204 No Content).
+            return web.Response(status=204)
         if _is_true(query.get("previous")):
             raise _bad_request(
                 f'previous terminated container "{container}" in pod "{name}" not found'
             )
-        if not pod["spec"].get("nodeName"):
-            raise _bad_request(f"pod {name} does not have a host assigned")
         waiting = _container_state(pod, container).get("waiting")
         if waiting is not None:
             reason = waiting.get("reason", "")

@@ -280,8 +280,19 @@ def _bad_request(message: str) -> _ApiError:
     return _ApiError(400, "BadRequest", message)
 
 
+class _PageNotFound(_ApiError):
+    """What the API server answers for a path no API group serves (e.g. a CRD not installed):
+    Go's plain-text ``404 page not found``, not a ``Status``."""
+
+    def __init__(self) -> None:
+        super().__init__(404, "NotFound", "404 page not found")
+
+    def response(self) -> web.Response:
+        return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
+
+
 def _no_such_resource() -> _ApiError:
-    return _ApiError(404, "NotFound", "the server could not find the requested resource", {})
+    return _PageNotFound()
 
 
 def _not_found(kind: _Kind, name: str) -> _ApiError:
