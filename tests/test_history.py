@@ -117,6 +117,18 @@ async def assert_same_as_served(
     assert one["Status"] == status
     last = await (await client.get(f"/api/model/{DIGEST}/run/status/last")).json()
     assert (last["RunStamp"], last["Status"]) == (stamp, status)
+    # The jobs page (the UI's Service Status) lists it under History for as long as the record
+    # is kept, and its history entry answers with the same log.
+    jobs = await (await client.get("/api/service/state")).json()
+    (item,) = [h for h in jobs["History"] if h["RunStamp"] == stamp]
+    assert item["JobStatus"] == {"s": "success", "e": "error", "x": "kill"}[status]
+    assert item["RunTitle"] == "test run"
+    assert (item["ModelName"], item["ModelDigest"]) == (MODEL, DIGEST)
+    assert not [j for j in jobs["Active"] + jobs["Queue"] if j.get("RunStamp") == stamp]
+    job = await (await client.get(f"/api/service/job/history/{item['SubmitStamp']}")).json()
+    assert job["JobStatus"] == item["JobStatus"]
+    assert job["Lines"] == final
+    assert job["RunStamp"] == stamp
 
 
 async def follow(env: Env, client: Client, kind: str) -> tuple[UiPoller, str, dict[str, Any]]:

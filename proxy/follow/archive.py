@@ -47,6 +47,8 @@ DATA_KEY = "record.json.gz"
 MPIJOB_KEY = "openmpp.org/mpijob"
 STATUS_KEY = "openmpp.org/status"
 FINAL_AT_KEY = "openmpp.org/final-at"
+RUN_NAME_KEY = "openmpp.org/run-name"
+"""The run's name (its jobs-page title), so the History list needs no record unpacked."""
 FINALIZER = names.RUN_RECORD_FINALIZER
 """Finalizer on each MPIJob (``history.finalizer``): removed once its run is archived."""
 
@@ -372,6 +374,7 @@ def configmap_of(record: RunRecord, blob: bytes) -> Obj:
                 names.SUBMITTED_AT_KEY: _iso(record.submitted),
                 STATUS_KEY: record.status,
                 FINAL_AT_KEY: _iso(record.final_at),
+                RUN_NAME_KEY: record.run_name,
             },
         },
         "immutable": True,
@@ -394,6 +397,7 @@ class RecordEntry:
     final_at: datetime
     blob: bytes
     resource_version: str
+    run_name: str = ""
 
     def matches_model(self, model: str) -> bool:
         """``model`` (from a URL) names this run's model by digest or by name."""
@@ -430,6 +434,7 @@ def entry_of(obj: Mapping[str, Any]) -> RecordEntry | None:
         final_at=final_at,
         blob=blob,
         resource_version=str(meta.get("resourceVersion") or ""),
+        run_name=str(ann.get(RUN_NAME_KEY) or ""),
     )
 
 

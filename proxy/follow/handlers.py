@@ -34,6 +34,7 @@ from proxy.follow.omsshapes import (
     log_page,
     parse_go_int,
     progress_item,
+    record_history_job,
     run_job,
     run_pub,
 )
@@ -251,7 +252,14 @@ async def handle_service_state(request: web.Request) -> web.StreamResponse:
     ):
         return answer.response(request)
     queue, active, history = await cache.jobs()
-    if not (queue or active or history):
+    # Runs whose MPIJob is gone stay in History for as long as their run record is kept.
+    live = {v.info.name for v in (*queue, *active, *history)}
+    archived = (
+        [e for e in cache.history.finished_runs() if e.mpijob not in live]
+        if cache.history is not None
+        else []
+    )
+    if not (queue or active or history or archived):
         return answer.response(request)
     template = _template_name(request)
     # QueuePos: the position in the cluster's queue (Kueue's), apart from oms's own queue.
@@ -259,7 +267,11 @@ async def handle_service_state(request: web.Request) -> web.StreamResponse:
     running = [run_job(v, template) for v in active]
     doc["Queue"] = [*doc["Queue"], *queued]
     doc["Active"] = [*doc["Active"], *running]
-    doc["History"] = [*doc["History"], *(history_job(v) for v in history)]
+    ours = sorted(
+        [*(history_job(v) for v in history), *(record_history_job(e) for e in archived)],
+        key=lambda item: (item["SubmitStamp"], item["RunStamp"]),
+    )
+    doc["History"] = [*doc["History"], *ours]
     _add_res(doc, ("ActiveTotalRes", "ActiveOwnRes"), running)
     _add_res(doc, ("QueueTotalRes", "QueueOwnRes"), queued)
     return _json(doc, request)
@@ -272,9 +284,15 @@ async def handle_service_job(request: web.Request) -> web.StreamResponse:
     if cache is None:
         return await forward(request)
     which = request.path.split("/")[4]
-    run = await cache.find(request.match_info["stamp"])
+    stamp = request.match_info["stamp"]
+    run = await cache.find(stamp)
     view = await cache.view(run) if run is not None else None
-    if run is None or view is None or cache.job_list(view) != which:
+    if view is None and which == "history" and cache.history is not None:
+        record = await cache.history.find(stamp)  # its MPIJob is gone: the run record answers
+        view = record.view() if record is not None else None
+    elif view is not None and cache.job_list(view) != which:
+        view = None
+    if view is None:
         return await forward(request)  # not one of ours in that list: oms answers
     info = view.info
     item: Any = run_pub(view)
@@ -284,7 +302,7 @@ async def handle_service_job(request: web.Request) -> web.StreamResponse:
         if isinstance(oms_list, list) and oms_list:
             item = progress_item(oms_list[0], view) or oms_list[0]
     position = 0
-    if which == "queue":
+    if which == "queue" and run is not None:
         queue = [v.info.name for v in (await cache.jobs())[0]]
         position = 1 + queue.index(run.name) if run.name in queue else 0
     return _json(job_details(view, item, _template_name(request), position, which), request)

@@ -14,6 +14,7 @@ from datetime import tzinfo
 from typing import Any
 
 from proxy import runstate
+from proxy.follow.archive import RecordEntry
 from proxy.follow.runinfo import format_time
 from proxy.follow.view import RunView
 from proxy.runstate import RunState
@@ -174,13 +175,46 @@ def job_status(view: RunView) -> str:
 def history_job(view: RunView) -> dict[str, Any]:
     """oms ``historyJobFile`` (a History item of the service-state page) of a finished run."""
     info = view.info
+    return _history_item(
+        info.submit_stamp,
+        info.model_name,
+        info.model_digest,
+        info.run_stamp,
+        job_status(view),
+        info.run_name,
+    )
+
+
+_RECORD_JOB_STATUS = {"s": "success", "e": "error", "x": "kill"}
+
+
+def record_history_job(entry: RecordEntry) -> dict[str, Any]:
+    """:func:`history_job` of a run known only by its run record (its MPIJob is gone)."""
+    return _history_item(
+        entry.submit_stamp,
+        entry.model_name,
+        entry.model_digest,
+        entry.run_stamp,
+        _RECORD_JOB_STATUS.get(entry.status, ""),
+        entry.run_name,
+    )
+
+
+def _history_item(
+    submit_stamp: str,
+    model_name: str,
+    model_digest: str,
+    run_stamp: str,
+    job_status: str,
+    run_title: str,
+) -> dict[str, Any]:
     return {
-        "SubmitStamp": info.submit_stamp,
-        "ModelName": info.model_name,
-        "ModelDigest": info.model_digest,
-        "RunStamp": info.run_stamp,
-        "JobStatus": job_status(view),
-        "RunTitle": info.run_name,
+        "SubmitStamp": submit_stamp,
+        "ModelName": model_name,
+        "ModelDigest": model_digest,
+        "RunStamp": run_stamp,
+        "JobStatus": job_status,
+        "RunTitle": run_title,
     }
 
 
