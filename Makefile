@@ -44,6 +44,7 @@ bench: venv
 	$(PY) bench/passthrough.py
 	$(PY) bench/submit.py
 	$(PY) bench/polling.py
+	$(PY) bench/history.py
 
 soak: venv
 	$(PY) bench/soak.py

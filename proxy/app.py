@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -32,12 +33,12 @@ from proxy.follow.handlers import (
     handle_run_status,
     handle_run_status_last,
     handle_run_stop,
-    handle_service_job_active,
+    handle_service_job,
     handle_service_state,
     run_cache_context,
 )
 from proxy.keys import CONFIG, METRICS, REQUEST_ID_KEY, STATE
-from proxy.metrics import Metrics, submission_outcome
+from proxy.metrics import HistoryFigures, Metrics, submission_outcome
 from proxy.passthrough import headers as hdr
 from proxy.passthrough.client import Upstream
 from proxy.passthrough.forward import UPSTREAM, forward
@@ -174,6 +175,15 @@ def _phase_counts(app: web.Application) -> dict[str, int]:
     return cache.phase_counts() if cache is not None else {}
 
 
+def _history_figures(app: web.Application) -> HistoryFigures | None:
+    cache = app.get(RUN_CACHE)
+    history = cache.history if cache is not None else None
+    if history is None:
+        return None
+    records, size = history.stats()
+    return HistoryFigures(records, size, dataclasses.asdict(history.counters))
+
+
 async def metrics_handler(request: web.Request) -> web.Response:
     """Prometheus text exposition."""
     return web.Response(
@@ -261,6 +271,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
             kube=kube,
             oms=oms,
             on_created=lambda job: _note_created(app, job),
+            stamp_known=lambda stamp: _stamp_known(app, stamp),
         )
         app[SUBMITTER] = submitter
         if config.kubernetes.dry_run_on_start:
@@ -289,6 +300,12 @@ def _note_created(app: web.Application, job: dict[str, Any]) -> None:
     cache = app.get(RUN_CACHE)
     if cache is not None:
         cache.note_created(job)
+
+
+def _stamp_known(app: web.Application, stamp: str) -> bool:
+    """Whether ``stamp`` names a run the run cache knows (a new stamp must not)."""
+    cache = app.get(RUN_CACHE)
+    return cache is not None and cache.knows_stamp(stamp)
 
 
 async def _start_up_dry_run(app: web.Application, submitter: Submitter) -> None:
@@ -330,6 +347,7 @@ def create_app(config: Config) -> web.Application:
     app[CONFIG] = config
     app[METRICS] = metrics = Metrics()
     metrics.phases.source = lambda: _phase_counts(app)
+    metrics.history.source = lambda: _history_figures(app)
     app[STATE] = {}
     if config.runs.intercept != "none":
         app[TEMPLATE] = load_template(config.template_path())
@@ -360,7 +378,9 @@ def _bind_routes(app: web.Application) -> None:
             "run_status_list": handle_run_status,
             "run_status_last": handle_run_status_last,
             "service_state": handle_service_state,
-            "service_job_active": handle_service_job_active,
+            "service_job_active": handle_service_job,
+            "service_job_queue": handle_service_job,
+            "service_job_history": handle_service_job,
             "healthz": healthz,
             "readyz": readyz,
             "metrics": metrics_handler,

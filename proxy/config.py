@@ -291,12 +291,17 @@ class RunsConfig:
     start_deadline_seconds: float = dataclasses.field(
         default=900.0,
         metadata=_doc(
-            "A run that is not Running this long after submission is reported final (failed)."
+            "A run that is not Running this long after submission (after its admission, for a "
+            "run queued suspended, e.g. by Kueue: queue time does not count) is reported final "
+            "(failed)."
         ),
     )
     finished_retention_seconds: float = dataclasses.field(
         default=3600.0,
-        metadata=_doc("Finished MPIJobs are kept this long (logs stay readable), then deleted."),
+        metadata=_doc(
+            "Finished MPIJobs are kept this long (logs stay readable), then deleted once their "
+            "run is archived (history.*)."
+        ),
     )
 
 
@@ -407,6 +412,48 @@ class FollowConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class HistoryConfig:
+    """The run history: each finished run's log and outcome, kept in a ConfigMap of its own."""
+
+    enabled: bool = dataclasses.field(
+        default=True,
+        metadata=_doc(
+            "Archive every finished run (final status, reason, the log lines as served) into a "
+            "ConfigMap `<mpijob>-record`, so it outlives its MPIJob and pods."
+        ),
+    )
+    finalizer: bool = dataclasses.field(
+        default=True,
+        metadata=_doc(
+            "Put the finalizer `openmpp.org/run-record` on each MPIJob, removed once the run is "
+            "archived: an MPIJob deleted by hand (kubectl) is archived before it goes."
+        ),
+    )
+    retention_days: float = dataclasses.field(
+        default=90.0,
+        metadata=_doc("A run record is deleted this many days after the run ended (0: never)."),
+    )
+    max_runs: int = dataclasses.field(
+        default=2000,
+        metadata=_doc("At most this many run records are kept; the oldest go first."),
+    )
+    max_total_bytes: int = dataclasses.field(
+        default=64 << 20,
+        metadata=_doc(
+            "At most this many bytes (compressed) of run records are kept; the oldest go first. "
+            "Every replica holds them in memory: keep it well under the pod's memory limit."
+        ),
+    )
+    max_log_bytes: int = dataclasses.field(
+        default=8 << 20,
+        metadata=_doc(
+            "Log bytes (uncompressed) kept per run: above it, the first and last lines are kept "
+            "with one marker line between them. A record is always under 1 MiB compressed."
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
     """Log output."""
 
@@ -425,6 +472,7 @@ class Config:
     runs: RunsConfig = dataclasses.field(default_factory=RunsConfig)
     mpijob: MpiJobConfig = dataclasses.field(default_factory=MpiJobConfig)
     follow: FollowConfig = dataclasses.field(default_factory=FollowConfig)
+    history: HistoryConfig = dataclasses.field(default_factory=HistoryConfig)
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     source: str = dataclasses.field(
         default="<built-in defaults>",

@@ -241,6 +241,12 @@ def _check(config: Config) -> None:
         "expected >= follow.backoff_first_seconds",
     )
 
+    h = config.history
+    need(h.retention_days >= 0, "history.retention_days", "expected >= 0 (0: never)")
+    need(h.max_runs >= 1, "history.max_runs", "expected >= 1")
+    need(h.max_total_bytes >= 1 << 20, "history.max_total_bytes", "expected >= 1048576")
+    need(h.max_log_bytes >= 4096, "history.max_log_bytes", "expected >= 4096")
+
 
 @dataclasses.dataclass(frozen=True)
 class Overrides:

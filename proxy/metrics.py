@@ -13,15 +13,21 @@ Exposed at ``GET /metrics`` in the Prometheus text format. Names and labels:
 - ``omsproxy_mpijob_submissions_total{outcome}``: ``created``, ``conflict``, ``quota``,
   ``busy`` (``runs.max_concurrent_submissions`` reached), ``invalid``, ``rejected`` (request
   refused before Kubernetes), ``error`` (anything else);
-- ``omsproxy_launched_runs{phase}``: launched runs the proxy currently knows, by phase.
+- ``omsproxy_launched_runs{phase}``: launched runs the proxy currently knows, by phase;
+- ``omsproxy_run_records`` and ``omsproxy_run_record_bytes``: run records kept (the run history,
+  ``history.*``) and their compressed size, as this replica's informer sees them;
+- ``omsproxy_run_records_total{outcome}``: what this replica did with run records since it
+  started: ``archived``, ``already`` (another replica was first), ``failed``, ``expired``
+  (deleted by retention), ``truncated`` (archived with lines left out by the size cap).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.errors import (
@@ -54,6 +60,40 @@ class _PhaseCollector(Collector):
             for phase, count in sorted(self.source().items()):
                 family.add_metric([phase], count)
         yield family
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryFigures:
+    """What ``/metrics`` shows of the run history (read at scrape time)."""
+
+    records: int
+    bytes: int
+    outcomes: Mapping[str, int]
+
+
+class _HistoryCollector(Collector):
+    """Reads the run history's figures from a callback at scrape time."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], HistoryFigures | None] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        figures = self.source() if self.source is not None else None
+        records = GaugeMetricFamily("omsproxy_run_records", "Run records kept (run history)")
+        size = GaugeMetricFamily(
+            "omsproxy_run_record_bytes", "Compressed bytes of the run records kept"
+        )
+        outcomes = CounterMetricFamily(
+            "omsproxy_run_records", "Run records by what this replica did", labels=["outcome"]
+        )
+        if figures is not None:
+            records.add_metric([], figures.records)
+            size.add_metric([], figures.bytes)
+            for outcome, count in sorted(figures.outcomes.items()):
+                outcomes.add_metric([outcome], count)
+        yield records
+        yield size
+        yield outcomes
 
 
 class Metrics:
@@ -90,6 +130,8 @@ class Metrics:
         )
         self.phases = _PhaseCollector()
         r.register(self.phases)
+        self.history = _HistoryCollector()
+        r.register(self.history)
         # Labelled children, looked up once (``labels()`` takes a lock and checks its arguments).
         self._counted: dict[tuple[str, int], Counter] = {}
         self._timed: dict[str, Histogram] = {}

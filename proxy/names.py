@@ -22,6 +22,9 @@ SUBMIT_STAMP_KEY = _PREFIX + "submit-stamp"
 REQUEST_ID_KEY = _PREFIX + "request-id"
 USER_KEY = _PREFIX + "user"
 SUBMITTED_AT_KEY = _PREFIX + "submitted-at"  # annotation only: an RFC 3339 time
+# The finalizer on each MPIJob (history.finalizer): the run cache removes it once the run is
+# archived (proxy/follow/archive.py), so an MPIJob deleted by anyone is archived before it goes.
+RUN_RECORD_FINALIZER = "openmpp.org/run-record"
 # Kueue's label naming the LocalQueue of a job (set from mpijob.queue_name when not empty).
 KUEUE_QUEUE_NAME_KEY = "kueue.x-k8s.io/queue-name"
 

@@ -176,6 +176,28 @@ METHODS: dict[str, tuple[Call, Any, Any, bool, bool]] = {
         True,
         False,
     ),
+    "list_configmaps": (
+        lambda k: k.list_configmaps("a=b"),
+        _list("ConfigMapList", CONFIGMAP),
+        ([CONFIGMAP], "42"),
+        True,
+        True,
+    ),
+    "watch_configmaps": (
+        lambda k: _drain(k.watch_configmaps("a=b", "42", 5)),
+        _events(CONFIGMAP),
+        [("ADDED", "ompp-x-1-run")],
+        False,
+        True,
+    ),
+    "delete_configmap": (
+        lambda k: k.delete_configmap("ompp-x-1-run"),
+        status_body(200, "", "")
+        | {"status": "Success", "details": {"name": "ompp-x-1-run", "kind": "configmaps"}},
+        None,
+        True,
+        False,
+    ),
     "list_pods": (lambda k: k.list_pods("a=b"), _list("PodList", POD), [POD], True, True),
     "list_pods_rv": (
         lambda k: k.list_pods_rv("a=b"),

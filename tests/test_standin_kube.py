@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ async def test_create_get_list_and_server_metadata(
     assert int(listing["metadata"]["resourceVersion"]) >= int(meta["resourceVersion"])
 
     version = await client.VersionApi(kube_api).get_code()
-    assert (version.major, version.git_version) == ("1", "v1.31.0")
+    assert (version.major, version.git_version) == ("1", "v1.35.4")  # as the e2e plane
     resources = await custom.get_api_resources(G, V)
     assert resources.resources[0].name == "mpijobs"
 
@@ -397,12 +398,55 @@ async def test_watch_without_resource_version_lists_first_then_ends_on_timeout(
         V,
         NS,
         P,
-        timeout_seconds=1,
+        timeout_seconds=3,  # bookmarks stop 2 s before the end
         allow_watch_bookmarks=True,
     )
     types = [event["type"] for event in events]
     assert types[0] == "ADDED"
     assert "BOOKMARK" in types
+
+
+async def test_bookmarks_come_as_from_the_watch_cache(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    """By default, as kube-apiserver's watch cache: no bookmark every second, but one 2 s before
+    ``timeoutSeconds`` ends (then one a minute); it carries the newest resourceVersion of the
+    watched kind, which a change the selector leaves out moves on and another kind does not."""
+    fake_kube.set_scenario(Scenario(kind="no-operator"))
+    mine = await custom.create_namespaced_custom_object(
+        G, V, NS, P, mpijob("mine", labels={"team": "a"})
+    )
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    async def other_changes() -> str:
+        await asyncio.sleep(0.3)
+        theirs = mpijob("theirs", labels={"team": "b"})
+        other = await custom.create_namespaced_custom_object(G, V, NS, P, theirs)
+        await core.create_namespaced_config_map(NS, {"metadata": {"name": "newer"}})
+        return str(other["metadata"]["resourceVersion"])
+
+    changes = asyncio.create_task(other_changes())
+    seen: list[tuple[str, float, str]] = []
+    async with watch.Watch() as w:
+        async for event in w.stream(
+            custom.list_namespaced_custom_object,
+            G,
+            V,
+            NS,
+            P,
+            label_selector="team=a",
+            resource_version=mine["metadata"]["resourceVersion"],
+            timeout_seconds=4,
+            allow_watch_bookmarks=True,
+        ):
+            rv = event["object"]["metadata"]["resourceVersion"]
+            seen.append((event["type"], loop.time() - began, rv))
+    theirs_rv = await changes
+    ((kind, at, rv),) = seen
+    assert kind == "BOOKMARK"
+    assert 1.5 <= at < 3.0, at  # 2 s before the 4 s timeout
+    assert rv == theirs_rv  # not the ConfigMap's, which is newer
 
 
 async def test_watch_from_a_compacted_version_is_410(
@@ -448,13 +492,24 @@ async def test_success_scenario_pods_labels_log_and_conditions(
         NS, label_selector=f"{JOB_NAME}=run-1,{JOB_ROLE}=launcher"
     )
     (launcher,) = launchers.items
+    launcher = by_name[launcher.metadata.name]
     assert launcher.metadata.name.startswith("run-1-launcher-")
     assert len(launcher.metadata.name) == len("run-1-launcher-") + 5
     assert launcher.metadata.labels["training.kubeflow.org/operator-name"] == "mpi-operator"
     assert by_name["run-1-worker-2"].metadata.labels["training.kubeflow.org/replica-index"] == "2"
+    launcher_job = await client.BatchV1Api(custom.api_client).read_namespaced_job(
+        "run-1-launcher", NS
+    )
     for pod in pods.items:
         (ref,) = pod.metadata.owner_references
-        assert (ref.kind, ref.name, ref.uid) == ("MPIJob", "run-1", uid)
+        if pod is launcher:
+            assert (ref.kind, ref.name, ref.uid) == (
+                "Job",
+                "run-1-launcher",
+                launcher_job.metadata.uid,
+            )
+        else:
+            assert (ref.kind, ref.name, ref.uid) == ("MPIJob", "run-1", uid)
         assert ref.controller
         assert ref.block_owner_deletion
         assert pod.status.phase == "Running"
@@ -580,7 +635,7 @@ async def test_unschedulable_scenario(
     fake_kube.set_scenario(Scenario(kind="unschedulable"))
     await custom.create_namespaced_custom_object(G, V, NS, P, mpijob(workers=2))
     await fake_kube.wait_until(
-        lambda: len(fake_kube.objects("events")) >= 3 + 1  # Created + one per pod
+        lambda: sum(e["reason"] == "FailedScheduling" for e in fake_kube.objects("events")) == 3
     )
     pods = (await core.list_namespaced_pod(NS, label_selector=f"{JOB_NAME}=run-1")).items
     assert len(pods) == 3
@@ -592,7 +647,11 @@ async def test_unschedulable_scenario(
             "False",
             "Unschedulable",
         )
-        assert scheduled.message == "0/3 nodes are available: 3 Insufficient cpu."
+        assert scheduled.message == (  # kube-scheduler v1.35: filter, then PostFilter verdicts
+            "0/3 nodes are available: 3 Insufficient cpu. no new claims to deallocate, "
+            "preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
+        )
+        assert scheduled.observed_generation == pod.metadata.generation == 1
     events = await core.list_namespaced_event(NS, field_selector="reason=FailedScheduling")
     assert len(events.items) == 3
     assert all(e.type == "Warning" and e.involved_object.kind == "Pod" for e in events.items)
@@ -675,6 +734,196 @@ async def test_clean_pod_policy_running_removes_workers_after_success(
     assert roles == ["launcher"]
 
 
+async def test_launcher_is_a_batch_job_that_owns_its_pod(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    """As mpi-operator v0.8 and the job-controller: a batch/v1 Job ``<name>-launcher`` owned
+    by the MPIJob owns the launcher pod; a headless Service and an SSH Secret for the job; the
+    Job's Events (SuccessfulCreate, then Completed) as a real cluster records them."""
+    batch = client.BatchV1Api(custom.api_client)
+    body = mpijob(workers=2)
+    body["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 3600
+    job = await custom.create_namespaced_custom_object(G, V, NS, P, body)
+    async with watch.Watch() as w:  # the Job is watched into being
+        async for event in w.stream(batch.list_namespaced_job, NS, timeout_seconds=5):
+            if event["object"].metadata.name == "run-1-launcher":
+                assert event["type"] == "ADDED"
+                break
+    await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Succeeded"))
+
+    launcher_job = await batch.read_namespaced_job("run-1-launcher", NS)
+    (ref,) = launcher_job.metadata.owner_references
+    assert (ref.kind, ref.name, ref.uid) == ("MPIJob", "run-1", job["metadata"]["uid"])
+    spec = launcher_job.spec
+    assert (spec.backoff_limit, spec.completions, spec.parallelism) == (0, 1, 1)
+    assert spec.ttl_seconds_after_finished == 3600
+    uid = launcher_job.metadata.uid
+    assert spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": uid}
+    assert launcher_job.status.succeeded == 1
+    assert {(c.type, c.status) for c in launcher_job.status.conditions} == {
+        ("SuccessCriteriaMet", "True"),
+        ("Complete", "True"),
+    }
+    (listed,) = (await batch.list_namespaced_job(NS)).items
+    assert listed.metadata.name == "run-1-launcher"
+
+    (pod,) = (await core.list_namespaced_pod(NS, label_selector="job-name=run-1-launcher")).items
+    name = pod.metadata.name
+    assert name.startswith("run-1-launcher-")
+    assert len(name) == len("run-1-launcher-") + 5
+    (ref,) = pod.metadata.owner_references
+    assert (ref.api_version, ref.kind, ref.name, ref.uid) == (
+        "batch/v1",
+        "Job",
+        "run-1-launcher",
+        uid,
+    )
+    labels = pod.metadata.labels
+    assert labels["batch.kubernetes.io/job-name"] == "run-1-launcher"
+    assert labels["controller-uid"] == labels["batch.kubernetes.io/controller-uid"] == uid
+    assert labels[JOB_ROLE] == "launcher"
+    assert labels[JOB_NAME] == "run-1"
+    assert labels["training.kubeflow.org/operator-name"] == "mpi-operator"
+    assert (pod.spec.hostname, pod.spec.subdomain) == ("run-1-launcher", "run-1")
+
+    service = await core.read_namespaced_service("run-1", NS)
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.selector == {
+        "training.kubeflow.org/operator-name": "mpi-operator",
+        JOB_NAME: "run-1",
+    }
+    assert service.metadata.owner_references[0].name == "run-1"
+    secret = await core.read_namespaced_secret("run-1-ssh", NS)
+    assert secret.type == "kubernetes.io/ssh-auth"
+    assert set(secret.data) == {"ssh-privatekey", "ssh-publickey"}
+
+    events = await core.list_namespaced_event(
+        NS, field_selector="involvedObject.kind=Job,involvedObject.name=run-1-launcher"
+    )
+    assert [(e.type, e.reason, e.message, e.source.component) for e in events.items] == [
+        ("Normal", "SuccessfulCreate", f"Created pod: {name}", "job-controller"),
+        ("Normal", "Completed", "Job completed", "job-controller"),
+    ]
+
+    await custom.delete_namespaced_custom_object(G, V, NS, P, "run-1")  # Background
+    assert (await batch.list_namespaced_job(NS)).items == []
+    assert (await core.list_namespaced_pod(NS)).items == []
+    assert (await core.list_namespaced_service(NS)).items == []
+    assert (await core.list_namespaced_secret(NS)).items == []
+    assert (await core.list_namespaced_config_map(NS)).items == []
+
+
+async def test_wait_for_workers_ready_creates_the_launcher_job_after_the_workers(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    """launcherCreationPolicy WaitForWorkersReady (our template's): no launcher Job while a
+    worker is not Ready; once they all are, the Job and its pod."""
+    fake_kube.set_scenario(Scenario(kind="unschedulable"), "stuck")
+    for name in ("stuck", "run-1"):
+        body = mpijob(name, workers=2)
+        body["spec"]["launcherCreationPolicy"] = "WaitForWorkersReady"
+        await custom.create_namespaced_custom_object(G, V, NS, P, body)
+    seen: list[tuple[str, str, str]] = []
+    async with watch.Watch() as w:
+        async for event in w.stream(
+            core.list_namespaced_pod,
+            NS,
+            label_selector=f"{JOB_NAME}=run-1",
+            resource_version="1",
+            timeout_seconds=5,
+        ):
+            pod = event["object"]
+            seen.append((event["type"], pod.metadata.name, pod.status.phase))
+            if pod.metadata.labels[JOB_ROLE] == "launcher" and pod.status.phase == "Succeeded":
+                break
+    launcher_added = next(i for i, (t, n, _) in enumerate(seen) if "-launcher-" in n)
+    workers_running = [
+        i for i, (t, n, ph) in enumerate(seen) if "-worker-" in n and ph == "Running"
+    ]
+    assert len(workers_running) == 2
+    assert max(workers_running) < launcher_added
+    assert fake_kube.get_object("jobs", NS, "stuck-launcher") is None
+    assert launcher_of(fake_kube, "stuck") is None
+    stuck = [p for p in fake_kube.objects("pods") if p["metadata"]["labels"][JOB_NAME] == "stuck"]
+    assert [p["status"]["phase"] for p in stuck] == ["Pending", "Pending"]
+
+
+async def test_failed_launcher_fails_its_job(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    fake_kube.set_scenario(Scenario(kind="fail", log_lines=["boom"]))
+    await custom.create_namespaced_custom_object(G, V, NS, P, mpijob(workers=1))
+    await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Failed"))
+    launcher_job = await client.BatchV1Api(custom.api_client).read_namespaced_job(
+        "run-1-launcher", NS
+    )
+    assert launcher_job.status.failed == 1
+    failed = {c.type: c for c in launcher_job.status.conditions}
+    assert (failed["Failed"].status, failed["Failed"].reason) == ("True", "BackoffLimitExceeded")
+    events = await core.list_namespaced_event(
+        NS, field_selector="involvedObject.name=run-1-launcher,type=Warning"
+    )
+    assert [(e.reason, e.message) for e in events.items] == [
+        ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    ]
+
+
+async def test_ttl_after_finished_deletes_the_launcher_job_and_pod(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi
+) -> None:
+    """runPolicy.ttlSecondsAfterFinished reaches the Job: the TTL controller deletes the
+    finished Job and the garbage collector its pod; the MPIJob and its workers stay."""
+    body = mpijob(workers=1)
+    body["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 0
+    await custom.create_namespaced_custom_object(G, V, NS, P, body)
+    await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Succeeded"))
+    await fake_kube.wait_until(lambda: not fake_kube.objects("jobs"))
+    assert launcher_of(fake_kube, "run-1") is None
+    assert fake_kube.get_object("mpijobs", NS, "run-1") is not None
+    assert [p["metadata"]["name"] for p in fake_kube.objects("pods")] == ["run-1-worker-0"]
+
+
+async def test_suspending_suspends_the_launcher_job(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi
+) -> None:
+    fake_kube.set_scenario(Scenario(log_lines=["x"] * 100, line_interval=0.05))
+    await custom.create_namespaced_custom_object(G, V, NS, P, mpijob(workers=1))
+    await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Running"))
+    suspend = [{"op": "replace", "path": "/spec/runPolicy/suspend", "value": True}]
+    await custom.patch_namespaced_custom_object(G, V, NS, P, "run-1", suspend)
+    await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Suspended"))
+    launcher_job = fake_kube.get_object("jobs", NS, "run-1-launcher")
+    assert launcher_job is not None
+    assert launcher_job["spec"]["suspend"] is True
+    assert fake_kube.objects("pods") == []
+    resume = {"spec": {"runPolicy": {"suspend": False}}}
+    merge = "application/merge-patch+json"
+    await custom.patch_namespaced_custom_object(G, V, NS, P, "run-1", resume, _content_type=merge)
+    await fake_kube.wait_until(lambda: launcher_of(fake_kube, "run-1") is not None)
+    reasons = [
+        e["reason"]
+        for e in fake_kube.objects("events")
+        if e["involvedObject"]["name"] == "run-1-launcher"
+    ]
+    assert reasons == ["SuccessfulCreate", "Suspended", "Resumed", "SuccessfulCreate"]
+
+
+async def test_pod_conditions_carry_observed_generation(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api
+) -> None:
+    """Kubernetes 1.35 (PodObservedGenerationTracking, GA): every pod condition and the pod's
+    status carry observedGeneration."""
+    fake_kube.set_scenario(Scenario(log_lines=["x"] * 100, line_interval=0.05))
+    await custom.create_namespaced_custom_object(G, V, NS, P, mpijob(workers=1))
+    await fake_kube.wait_until(lambda: has_condition(fake_kube, "run-1", "Running"))
+    for pod in (await core.list_namespaced_pod(NS)).items:
+        assert pod.status.observed_generation == pod.metadata.generation == 1
+        types = [c.type for c in pod.status.conditions]
+        assert "PodScheduled" in types
+        assert "Ready" in types
+        assert all(c.observed_generation == 1 for c in pod.status.conditions)
+
+
 # --- deletion ------------------------------------------------------------------------------------
 
 
@@ -719,6 +968,9 @@ async def test_foreground_delete_cascades_then_removes_the_job(
     assert events[-1] == "DELETED"
     assert (await core.list_namespaced_pod(NS)).items == []
     assert (await core.list_namespaced_config_map(NS)).items == []
+    assert (await client.BatchV1Api(core.api_client).list_namespaced_job(NS)).items == []
+    assert (await core.list_namespaced_service(NS)).items == []
+    assert (await core.list_namespaced_secret(NS)).items == []
     with pytest.raises(ApiException) as caught:
         await custom.get_namespaced_custom_object(G, V, NS, P, "run-1")
     assert status_of(caught.value)["message"] == 'mpijobs.kubeflow.org "run-1" not found'
@@ -753,7 +1005,12 @@ async def test_background_delete_is_immediate_and_orphan_keeps_pods(
     )
     kept = (await core.list_namespaced_pod(NS, label_selector=f"{JOB_NAME}=orphan")).items
     assert len(kept) == 2
-    assert all(not p.metadata.owner_references for p in kept)
+    owners = {p.metadata.labels[JOB_ROLE]: p.metadata.owner_references for p in kept}
+    assert not owners["worker"]
+    assert [ref.name for ref in owners["launcher"]] == ["orphan-launcher"]  # the Job's, kept
+    launcher_job = fake_kube.get_object("jobs", NS, "orphan-launcher")
+    assert launcher_job is not None
+    assert not launcher_job["metadata"]["ownerReferences"]
 
 
 # --- failures -----------------------------------------------------------------------------------
@@ -922,6 +1179,39 @@ async def test_missing_namespace(custom: client.CustomObjectsApi) -> None:
     assert (await custom.list_namespaced_custom_object(G, V, "nope", P))["items"] == []
 
 
+async def test_a_namespaced_service_account_is_forbidden_in_any_other_namespace(
+    kube_connect: Any,
+) -> None:
+    """RBAC comes first: a token whose Role is bound in one namespace gets the real 403 in
+    another one, whether it exists or not (an admin lists nothing and creates into a 404)."""
+    kube = FakeKube(namespaces=("openmpp", "other"))
+    kube.grant("sa-token", "openmpp")
+    custom = client.CustomObjectsApi(await kube_connect(kube, token="sa-token"))
+    user = "system:serviceaccount:openmpp:oms-mpijob-proxy"
+    for namespace in ("other", "nope"):
+        for verb, call in (
+            ("list", custom.list_namespaced_custom_object(G, V, namespace, P)),
+            ("create", custom.create_namespaced_custom_object(G, V, namespace, P, mpijob())),
+        ):
+            with pytest.raises(ApiException) as caught:
+                await call
+            assert caught.value.status == 403
+            status = status_of(caught.value)
+            assert status["reason"] == "Forbidden"
+            assert status["message"] == (
+                f'mpijobs.kubeflow.org is forbidden: User "{user}" cannot {verb} resource '
+                f'"mpijobs" in API group "kubeflow.org" in the namespace "{namespace}"'
+            )
+    assert (await custom.list_namespaced_custom_object(G, V, "openmpp", P))["items"] == []
+    await custom.create_namespaced_custom_object(G, V, "openmpp", P, mpijob())
+
+    admin = client.CustomObjectsApi(await kube_connect(kube))
+    assert (await admin.list_namespaced_custom_object(G, V, "nope", P))["items"] == []
+    with pytest.raises(ApiException) as caught:
+        await admin.create_namespaced_custom_object(G, V, "nope", P, mpijob())
+    assert status_of(caught.value)["message"] == 'namespaces "nope" not found'
+
+
 async def test_preload_content_false_does_not_raise_on_errors(core: client.CoreV1Api) -> None:
     """kubernetes_asyncio raises ApiException only when it preloads the body."""
     response = await core.read_namespaced_pod_log("missing", NS, _preload_content=False)
@@ -1028,3 +1318,77 @@ def test_find_crd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert find_crd() == SCHEMA_CRD
     assert SCHEMA_CRD.is_file()
     assert SCHEMA_CRD.resolve().is_relative_to(Path(__file__).resolve().parents[1])
+
+
+# --- finalizers, and the ConfigMap size limit ----------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["Background", "Foreground"])
+async def test_a_finalizer_holds_a_deleted_job_until_it_is_removed(
+    fake_kube: FakeKube, custom: client.CustomObjectsApi, core: client.CoreV1Api, policy: str
+) -> None:
+    body = mpijob()
+    body["metadata"]["finalizers"] = ["example.org/keep"]
+    job = await custom.create_namespaced_custom_object(G, V, NS, P, body)
+    owner = {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "name": "run-1",
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+    }
+    ini = {"metadata": {"name": "run-1-ini", "ownerReferences": [owner]}, "data": {"a": "b"}}
+    await core.create_namespaced_config_map(NS, ini)
+    await custom.delete_namespaced_custom_object(G, V, NS, P, "run-1", propagation_policy=policy)
+    await asyncio.sleep(fake_kube.foreground_delay * 3)
+    held = fake_kube.get_object("mpijobs", NS, "run-1")
+    assert held is not None  # terminating, as on a real API server
+    assert held["metadata"]["deletionTimestamp"]
+    assert held["metadata"]["finalizers"] == ["example.org/keep"]
+    # Background: the dependents wait for the owner; Foreground: they went first.
+    dependent = fake_kube.get_object("configmaps", NS, "run-1-ini")
+    assert (dependent is None) == (policy == "Foreground")
+    # No new finalizer on a terminating object.
+    with pytest.raises(ApiException) as err:
+        await custom.patch_namespaced_custom_object(
+            G,
+            V,
+            NS,
+            P,
+            "run-1",
+            {"metadata": {"finalizers": ["example.org/keep", "other/x"]}},
+            _content_type="application/merge-patch+json",
+        )
+    assert err.value.status == 422
+    rv = held["metadata"]["resourceVersion"]
+    await custom.patch_namespaced_custom_object(
+        G,
+        V,
+        NS,
+        P,
+        "run-1",
+        {"metadata": {"resourceVersion": rv, "finalizers": []}},
+        _content_type="application/merge-patch+json",
+    )
+    assert fake_kube.get_object("mpijobs", NS, "run-1") is None
+    assert fake_kube.get_object("configmaps", NS, "run-1-ini") is None
+
+
+async def test_a_configmap_over_1_mib_is_invalid(core: client.CoreV1Api) -> None:
+    import base64
+
+    big = base64.b64encode(b"\0" * ((1 << 20) + 1)).decode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # aiohttp: a body over 1 MiB
+        with pytest.raises(ApiException) as err:
+            await core.create_namespaced_config_map(
+                NS, {"metadata": {"name": "big"}, "binaryData": {"x": big}}
+            )
+    assert err.value.status == 422
+    assert "must have at most 1048576 bytes" in status_of(err.value)["message"]
+    ok = base64.b64encode(b"\0" * 1000).decode()
+    await core.create_namespaced_config_map(
+        NS, {"metadata": {"name": "small", "labels": {"k": "v"}}, "binaryData": {"x": ok}}
+    )
+    listed = await core.list_namespaced_config_map(NS, label_selector="k=v")
+    assert [c.metadata.name for c in listed.items] == ["small"]

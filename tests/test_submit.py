@@ -283,6 +283,38 @@ async def test_namespace_missing_is_502(
     assert "namespace does not exist" in await resp.text()
 
 
+async def test_namespace_outside_the_service_accounts_role_is_not_ready(
+    oms: FakeOms, kubeconfig_for: KubeconfigFor, make_proxy: ProxyFactory
+) -> None:
+    """With our namespaced Role and a run namespace it does not cover (or that does not
+    exist), the API server answers 403 before it looks for the namespace: readiness says
+    which permission is missing, and that the namespace may not exist."""
+    from standins.kube import find_crd
+
+    kube = FakeKube(crd_schema_path=find_crd(), namespaces=("openmpp",))
+    kube.grant("sa-token", "openmpp")
+    config = make_config(
+        oms.url,
+        runs={"intercept": "mpi"},
+        kubernetes={"kubeconfig": str(await kubeconfig_for(kube, token="sa-token"))},
+    )
+    client = await make_proxy(config)
+    for _ in range(100):
+        resp = await client.get("/readyz")
+        doc = await resp.json()
+        if doc["checks"].get("dry_run") not in (None, "pending"):
+            break
+        await asyncio.sleep(0.05)
+    assert resp.status == 503
+    for check in ("kubernetes", "dry_run"):
+        assert "lacks a permission" in doc["checks"][check], doc
+        assert "or the namespace does not exist" in doc["checks"][check], doc
+        assert 'in the namespace "default"' in doc["checks"][check], doc
+    resp = await _post(client, UI_MPI)
+    assert resp.status == 502
+    assert "or the namespace does not exist" in await resp.text()
+
+
 async def test_intercept_all_and_none(
     oms: FakeOms, fake_kube: FakeKube, kubeconfig_for: KubeconfigFor, make_proxy: ProxyFactory
 ) -> None:

@@ -132,9 +132,12 @@ def classify_api_exception(e: ApiException, what: str) -> KubeError:
             **kw,
         )
     if code == 403:
+        # A namespaced Role grants nothing in another namespace, even one that does not exist:
+        # the RBAC authorizer answers 403 there before anything looks for the namespace.
+        missing = ", or the namespace does not exist" if "in the namespace" in message else ""
         return KubeForbidden(
             f"{what}: the proxy's service account lacks a permission "
-            f"(check its Role/RoleBinding): {message}",
+            f"(check its Role/RoleBinding{missing}): {message}",
             **kw,
         )
     if code == 401:
@@ -520,6 +523,41 @@ class KubeClient:
             )
 
         return await self._call_json(f"create ConfigMap {name}", go)
+
+    async def list_configmaps(self, label_selector: str) -> tuple[list[Obj], str]:
+        """ConfigMaps matching ``label_selector`` (plain dicts) and the list's resourceVersion."""
+
+        def go(t: float) -> Awaitable[Any]:
+            return self.core.list_namespaced_config_map(
+                self.namespace, label_selector=label_selector, **_raw(t)
+            )
+
+        doc = await self._call_json("list ConfigMaps", go)
+        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
+        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch_configmaps(
+        self, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Like :meth:`watch_mpijobs`, for ConfigMaps (the run records)."""
+        stream = self._watch(
+            "watch ConfigMaps",
+            self.core.list_namespaced_config_map,
+            (self.namespace,),
+            label_selector,
+            resource_version,
+            timeout_seconds,
+        )
+        async for item in stream:
+            yield item
+
+    async def delete_configmap(self, name: str) -> None:
+        """Delete a ConfigMap (an expired run record)."""
+
+        def go(t: float) -> Awaitable[Any]:
+            return self.core.delete_namespaced_config_map(name, self.namespace, **_raw(t))
+
+        await self._call(f"delete ConfigMap {name}", go)
 
     async def list_pods(self, label_selector: str) -> list[Obj]:
         """Pods matching ``label_selector`` as plain dicts."""

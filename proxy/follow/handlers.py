@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from pathlib import PurePath
 from typing import Any
 from urllib.parse import quote
 
@@ -22,9 +24,12 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.follow.archive import RecordEntry
 from proxy.follow.cache import RUN_CACHE, RunCache
+from proxy.follow.ending import ArchivingRunCache
 from proxy.follow.omsshapes import (
     PagingError,
+    history_job,
     job_details,
     log_page,
     parse_go_int,
@@ -33,14 +38,18 @@ from proxy.follow.omsshapes import (
     run_pub,
 )
 from proxy.follow.runinfo import format_time
+from proxy.follow.store import Run
 from proxy.follow.view import (
     FINAL_PHASES,
+    RunView,
 )
 from proxy.keys import CONFIG, request_id
 from proxy.passthrough import headers as hdr
 from proxy.passthrough.forward import forward
 
 _LOGGER = logging.getLogger(__name__)
+
+_ViewOf = Callable[[], Awaitable["RunView | None"]]
 
 
 def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
@@ -49,6 +58,50 @@ def _json(data: Any, request: web.Request, status: int = 200) -> web.Response:
 
 def _cache(request: web.Request) -> RunCache | None:
     return request.app.get(RUN_CACHE)
+
+
+async def _final_or_live(
+    cache: RunCache, stamp: str, model: str | None
+) -> tuple[RunView | None, Run | None]:
+    """(the run's view, its live run): the archived record first, else the live MPIJob.
+
+    A record, once written, is what every replica answers with for that run: it is the final
+    view, frozen (a restarted replica may no longer read the launcher's log, the record keeps
+    it). (None, None): the proxy does not know the stamp (oms answers).
+    """
+    history = cache.history
+    record = await history.find(stamp, model) if history is not None else None
+    run = await cache.find(stamp, model)
+    # A record cut by the size cap: the whole log while the MPIJob is there to read it from.
+    # The live view too: it records what the MPIJob still lacks (no I/O once it is final).
+    live = await cache.view(run) if run is not None else None
+    if record is not None and (not record.lines_not_kept or run is None or run.deleted):
+        return record.view(), None
+    return live, run
+
+
+async def _newest_views(cache: RunCache, model: str) -> list[tuple[str, datetime, _ViewOf]]:
+    """(run stamp, submitted, view getter) of every run of ``model`` the proxy knows."""
+    out: dict[str, tuple[str, datetime, _ViewOf]] = {}
+    for run in await cache.runs_of_model(model):
+
+        async def live(run: Run = run) -> RunView | None:
+            return await cache.view(run)
+
+        key = run.info.run_stamp
+        if key not in out or run.info.submitted > out[key][1]:
+            out[key] = (key, run.info.submitted, live)
+    history = cache.history
+    if history is not None:
+        for entry in await history.of_model(model):
+
+            async def archived(entry: RecordEntry = entry) -> RunView | None:
+                assert history is not None
+                record = history.unpack(entry)
+                return record.view() if record is not None else None
+
+            out[entry.run_stamp] = (entry.run_stamp, entry.submitted, archived)
+    return list(out.values())
 
 
 # --- handlers ---------------------------------------------------------------------------------
@@ -65,8 +118,8 @@ async def handle_run_log(request: web.Request) -> web.StreamResponse:
         return await forward(request)
     if m["count"] is not None and m["count"] == "":
         return await forward(request)
-    run = await cache.find(stamp, model)
-    if run is None:
+    view, _run = await _final_or_live(cache, stamp, model)
+    if view is None:
         return await forward(request)
     start_text = request.query.get("start") or m["start"] or ""
     count_text = request.query.get("count") or m["count"] or ""
@@ -78,9 +131,6 @@ async def handle_run_log(request: web.Request) -> web.StreamResponse:
         count = parse_go_int(count_text) if count_text else 0
     except PagingError as e:
         raise BadRequest(f"Invalid value of log line count {model}") from e
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
     return _json(log_page(view, start, count), request)
 
 
@@ -89,13 +139,14 @@ async def handle_run_status(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     if cache is None:
         return await forward(request)
-    run = await cache.find(request.match_info["stamp"], request.match_info["model"])
-    if run is None:
+    view, _run = await _final_or_live(
+        cache, request.match_info["stamp"], request.match_info["model"]
+    )
+    if view is None:
         return await forward(request)
-    view = await cache.view(run)
     answer = await oms_get(request)
     doc = answer.json()
-    if view is None or doc is None:
+    if doc is None:
         return answer.response(request)
     if isinstance(doc, list):
         if not doc:
@@ -118,25 +169,27 @@ async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     if cache is None:
         return await forward(request)
-    runs = await cache.runs_of_model(request.match_info["model"])
+    runs = await _newest_views(cache, request.match_info["model"])
     if not runs:
         return await forward(request)
     answer = await oms_get(request)
     doc = answer.json()
     if not isinstance(doc, dict):
         return answer.response(request)
-    stamp = doc.get("RunStamp") or ""
-    same = [r for r in runs if r.info.run_stamp == stamp and stamp]
-    if same and doc.get("Status"):
-        view = await cache.view(max(same, key=lambda r: r.info.submitted))
-        ours = progress_item(doc, view) if view is not None else None
-        return answer.response(request) if ours is None else _json(ours, request)
-    newest = max(runs, key=lambda r: r.info.submitted)
-    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(
-        newest.info.submitted
-    ):
-        return answer.response(request)
-    view = await cache.view(newest)
+    stamp = str(doc.get("RunStamp") or "")
+    newest_stamp, newest_submitted, newest_view = max(runs, key=lambda r: (r[1], r[0]))
+    if doc.get("Status") and stamp:
+        if stamp == newest_stamp:  # oms has our newest run: its row wins
+            view = await newest_view()
+            ours = progress_item(doc, view) if view is not None else None
+            return answer.response(request) if ours is None else _json(ours, request)
+        older_of_ours = any(r[0] == stamp for r in runs)
+        if not older_of_ours and str(doc.get("CreateDateTime") or "") >= format_time(
+            newest_submitted
+        ):
+            return answer.response(request)  # a run oms knows, newer than ours
+    # oms's newest row is older than the newest run we launched (or oms has none): ours.
+    view = await newest_view()
     return answer.response(request) if view is None else _json(run_pub(view), request)
 
 
@@ -145,47 +198,84 @@ async def handle_run_stop(request: web.Request) -> web.StreamResponse:
     cache = _cache(request)
     stamp = request.match_info["stamp"]
     run = await cache.find(stamp, request.match_info["model"]) if cache is not None else None
-    if cache is None or run is None:
+    record = None
+    if cache is not None and run is None and cache.history is not None:
+        record = await cache.history.find(stamp, request.match_info["model"])
+    if cache is None or (run is None and record is None):
         return await forward(request)
-    view = cache.peek(run)
-    if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
-        await cache.stop(run)
-        _LOGGER.info("stop of run %s: MPIJob %s deleted", stamp, run.name)
+    if run is not None:
+        view = cache.peek(run)
+        if not run.deleted and (view is None or view.phase not in FINAL_PHASES):
+            await cache.stop(run)
+            _LOGGER.info("stop of run %s: MPIJob %s deleted", stamp, run.name)
+    digest = run.info.model_digest if run is not None else record.model_digest if record else ""
     return web.Response(
         status=200,
         content_type="text/plain",
         headers={
-            "Content-Location": f"/api/model/{run.info.model_digest}/run/{stamp}/true",
+            "Content-Location": f"/api/model/{digest}/run/{stamp}/true",
             hdr.REQUEST_ID: request_id(request),
         },
     )
 
 
+def _template_name(request: web.Request) -> str:
+    """The template the runs are made from (oms shows its run template's file name)."""
+    return PurePath(request.app[CONFIG].mpijob.template).name
+
+
+def _add_res(doc: dict[str, Any], keys: tuple[str, ...], jobs: list[dict[str, Any]]) -> None:
+    """Count ``jobs``' resources into oms's totals (``ComputeRes`` keys of ServiceState)."""
+    cpu = sum(int(j["Res"]["Cpu"]) for j in jobs)
+    mem = sum(int(j["Res"]["Mem"]) for j in jobs)
+    for key in keys:
+        total = doc.get(key)
+        if isinstance(total, dict):
+            doc[key] = {
+                **total,
+                "Cpu": int(total.get("Cpu") or 0) + cpu,
+                "Mem": int(total.get("Mem") or 0) + mem,
+            }
+
+
 async def handle_service_state(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/state: oms's, with our active runs added to ``Active``."""
+    """GET /api/service/state: oms's, with our runs added to ``Queue``, ``Active``, ``History``
+    (and their resources to the totals), as oms lists the runs it starts itself."""
     cache = _cache(request)
     if cache is None:
         return await forward(request)
     answer = await oms_get(request)
     doc = answer.json()
-    if not isinstance(doc, dict) or not isinstance(doc.get("Active"), list):
+    if not isinstance(doc, dict) or not all(
+        isinstance(doc.get(k), list) for k in ("Queue", "Active", "History")
+    ):
         return answer.response(request)
-    views = sorted(await cache.active(), key=lambda v: v.info.submit_stamp)
-    if not views:
+    queue, active, history = await cache.jobs()
+    if not (queue or active or history):
         return answer.response(request)
-    doc["Active"] = [*doc["Active"], *(run_job(v) for v in views)]
+    template = _template_name(request)
+    # QueuePos: the position in the cluster's queue (Kueue's), apart from oms's own queue.
+    queued = [run_job(v, template, 1 + i) for i, v in enumerate(queue)]
+    running = [run_job(v, template) for v in active]
+    doc["Queue"] = [*doc["Queue"], *queued]
+    doc["Active"] = [*doc["Active"], *running]
+    doc["History"] = [*doc["History"], *(history_job(v) for v in history)]
+    _add_res(doc, ("ActiveTotalRes", "ActiveOwnRes"), running)
+    _add_res(doc, ("QueueTotalRes", "QueueOwnRes"), queued)
     return _json(doc, request)
 
 
-async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/job/active/{stamp}: job details of a launched run."""
+async def handle_service_job(request: web.Request) -> web.StreamResponse:
+    """GET /api/service/job/{active|queue|history}/{stamp}: oms's ``runJobState`` of a launched
+    run that is in that list of the jobs page (others pass through to oms)."""
     cache = _cache(request)
-    run = await cache.find(request.match_info["stamp"]) if cache is not None else None
-    if cache is None or run is None:
+    if cache is None:
         return await forward(request)
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
+    which = request.path.split("/")[4]
+    run = await cache.find(request.match_info["stamp"])
+    view = await cache.view(run) if run is not None else None
+    if run is None or view is None or cache.job_list(view) != which:
+        return await forward(request)  # not one of ours in that list: oms answers
     info = view.info
     item: Any = run_pub(view)
     path = f"/api/model/{quote(info.model_digest, safe='')}/run/{quote(info.run_stamp, safe='')}"
@@ -193,7 +283,11 @@ async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
         oms_list = (await oms_get(request, path + "/status/list")).json()
         if isinstance(oms_list, list) and oms_list:
             item = progress_item(oms_list[0], view) or oms_list[0]
-    return _json(job_details(view, item), request)
+    position = 0
+    if which == "queue":
+        queue = [v.info.name for v in (await cache.jobs())[0]]
+        position = 1 + queue.index(run.name) if run.name in queue else 0
+    return _json(job_details(view, item, _template_name(request), position, which), request)
 
 
 async def run_cache_context(app: web.Application) -> AsyncIterator[None]:
@@ -202,7 +296,7 @@ async def run_cache_context(app: web.Application) -> AsyncIterator[None]:
     Append it after the ``cleanup_ctx`` that creates the Kubernetes client (``app[KUBE]``).
     """
     kube = app.get(KUBE)
-    cache = RunCache(kube, app[CONFIG]) if kube is not None else None
+    cache = ArchivingRunCache(kube, app[CONFIG]) if kube is not None else None
     app[RUN_CACHE] = cache
     if cache is not None:
         await cache.start()

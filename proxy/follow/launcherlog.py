@@ -124,6 +124,8 @@ class LauncherLog:
     complete: bool = False
     """No more output will come: read after the container ended, or the pod is gone."""
     pending: str = ""
+    cut: bool = False
+    """Complete because the pod went before its container ended: the rest was never read."""
 
     @classmethod
     def parse(cls, text: str, *, timestamped: bool = False, complete: bool = False) -> LauncherLog:
@@ -132,9 +134,9 @@ class LauncherLog:
         buf.add_full(text)
         return buf.snapshot(complete=complete)
 
-    def finished(self) -> LauncherLog:
-        """The same output, marked complete."""
-        return dataclasses.replace(self, complete=True)
+    def finished(self, *, cut: bool = False) -> LauncherLog:
+        """The same output, marked complete (``cut``: the pod went, nothing more can be read)."""
+        return dataclasses.replace(self, complete=True, cut=cut)
 
 
 def log_lines(log: LauncherLog | None) -> tuple[tuple[str, ...], datetime | None]:

@@ -150,7 +150,14 @@ def render(
     if mj.queue_name:
         # Kueue reads the queue from the job's own labels only (not the pod templates').
         job_labels[names.KUEUE_QUEUE_NAME_KEY] = mj.queue_name
-    job["metadata"] = _metadata(job.get("metadata"), name, namespace, job_labels, annotations)
+    job_meta = _metadata(job.get("metadata"), name, namespace, job_labels, annotations)
+    if config.history.enabled and config.history.finalizer:
+        # Removed by the run cache once the run is archived (proxy/follow/archive.py).
+        kept = job_meta.get("finalizers") or []
+        if not isinstance(kept, list):
+            raise RenderError("template: metadata.finalizers is not a list")
+        job_meta["finalizers"] = [*kept, names.RUN_RECORD_FINALIZER]
+    job["metadata"] = job_meta
     spec = _first(job, "spec", slotsPerWorker=slots)
     policy = _obj(spec, "runPolicy")
     policy["cleanPodPolicy"] = mj.clean_pod_policy

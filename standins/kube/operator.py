@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import re
@@ -19,8 +20,11 @@ from standins.kube.store import (
     _REPLICA_INDEX,
     CONFIGMAPS,
     EVENTS,
+    JOBS,
     MPIJOBS,
     PODS,
+    SECRETS,
+    SERVICES,
     Json,
     Scenario,
     Store,
@@ -160,12 +164,19 @@ class Operator(Store):
             self._put(MPIJOBS, job, "MODIFIED")
             self._job_event(job, "Normal", "MPIJobCreated", "is created.")
             self._create_hostfile(job)
+            self._create_service(job)
+            self._create_ssh_secret(job)
             run.created = True
+        if _suspend_requested(self._job(key)):  # the operator creates the launcher Job suspended
+            self._launcher_job(self._job(key))
         await self._while_suspended(key, run)
         job = self._job(key)
-        launcher = self._create_pod(job, "launcher")
         workers = [self._create_pod(job, "worker", i) for i in range(_worker_replicas(job))]
-        pods = [launcher, *workers]
+        # launcherCreationPolicy WaitForWorkersReady: the launcher Job only once every worker
+        # is Ready; AtStartup (the default): at once.
+        wait_for_workers = job["spec"].get("launcherCreationPolicy") == "WaitForWorkersReady"
+        launcher = None if wait_for_workers else self._create_launcher(job)
+        pods = [*workers] if launcher is None else [launcher, *workers]
         if scenario.kind == "unschedulable":
             for pod in pods:
                 self._unschedulable(pod)
@@ -179,6 +190,14 @@ class Operator(Store):
         await asyncio.sleep(scenario.running_after)
         for pod in pods:
             self._start_pod(pod)
+        if launcher is None:
+            launcher = self._create_launcher(self._job(key))
+            self._schedule(launcher, len(pods))
+            self._start_pod(launcher)
+        batch_job = self._store["jobs"].get((key[0], f"{key[1]}-launcher"))
+        if batch_job is not None:  # the job-controller counts its ready pod
+            batch_job["status"]["ready"] = 1
+            self._put(JOBS, batch_job, "MODIFIED")
         job = self._job(key)
         status = job.setdefault("status", {})
         status["startTime"] = _now()
@@ -246,6 +265,7 @@ class Operator(Store):
             if condition["type"] in ("Ready", "ContainersReady"):
                 condition.update(status="False", reason="PodFailed" if failed else "PodCompleted")
         self._put(PODS, launcher, "MODIFIED")
+        self._finish_launcher_job(key, failed)
 
         job = self._job(key)
         status = job["status"]
@@ -293,21 +313,217 @@ class Operator(Store):
             self._stamp(config_map, ns)
             self._put(CONFIGMAPS, config_map, "ADDED")
 
-    def _create_pod(self, job: Json, role: str, index: int = 0) -> Json:
+    def _create_service(self, job: Json) -> None:
+        """The headless Service ``<name>`` that gives the workers their DNS names."""
+        meta = job["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        service: Json = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "labels": {"app": name},
+                "ownerReferences": [_owner_reference(job)],
+            },
+            "spec": {
+                "clusterIP": "None",
+                "clusterIPs": ["None"],
+                "selector": {_OPERATOR_NAME: "mpi-operator", _JOB_NAME: name},
+                "type": "ClusterIP",
+                "sessionAffinity": "None",
+                "ipFamilies": ["IPv4"],
+                "ipFamilyPolicy": "SingleStack",
+                "internalTrafficPolicy": "Cluster",
+            },
+            "status": {"loadBalancer": {}},
+        }
+        if (ns, name) not in self._store["services"]:
+            self._stamp(service, ns)
+            self._put(SERVICES, service, "ADDED")
+
+    def _create_ssh_secret(self, job: Json) -> None:
+        """The ``<name>-ssh`` Secret (kubernetes.io/ssh-auth) the launcher and workers mount."""
+        meta = job["metadata"]
+        ns, name = meta["namespace"], f"{meta['name']}-ssh"
+        key = base64.b64encode(secrets.token_bytes(96)).decode()
+        private = f"-----BEGIN EC PRIVATE KEY-----\n{key}\n-----END EC PRIVATE KEY-----\n"
+        public = f"ecdsa-sha2-nistp521 {base64.b64encode(secrets.token_bytes(64)).decode()}\n"
+        secret: Json = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "labels": {"app": meta["name"]},
+                "ownerReferences": [_owner_reference(job)],
+            },
+            "type": "kubernetes.io/ssh-auth",
+            "data": {
+                "ssh-privatekey": base64.b64encode(private.encode()).decode(),
+                "ssh-publickey": base64.b64encode(public.encode()).decode(),
+            },
+        }
+        if (ns, name) not in self._store["secrets"]:
+            self._stamp(secret, ns)
+            self._put(SECRETS, secret, "ADDED")
+
+    def _launcher_job(self, job: Json) -> Json:
+        """The batch/v1 Job ``<name>-launcher`` (mpi-operator's newLauncherJob, as the API
+        server defaults it), created if missing; suspended while the MPIJob is."""
+        meta = job["metadata"]
+        ns, name = meta["namespace"], f"{meta['name']}-launcher"
+        existing = self._store["jobs"].get((ns, name))
+        if existing is not None:
+            return existing
+        run_policy = job["spec"].get("runPolicy") or {}
+        spec: Json = {
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": run_policy.get("backoffLimit", 6),
+            "completionMode": "NonIndexed",
+            "suspend": _suspend_requested(job),
+            "podReplacementPolicy": "Failed",
+            "manualSelector": False,
+        }
+        for field in ("activeDeadlineSeconds", "ttlSecondsAfterFinished"):
+            if run_policy.get(field) is not None:
+                spec[field] = run_policy[field]
+        batch_job: Json = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "labels": {"app": meta["name"]},
+                "ownerReferences": [_owner_reference(job)],
+            },
+            "spec": spec,
+            "status": {},
+        }
+        self._stamp(batch_job, ns)
+        uid = batch_job["metadata"]["uid"]
+        spec["selector"] = {"matchLabels": {_JOB_CONTROLLER_UID: uid}}
+        spec["template"] = {"metadata": {"labels": _job_pod_labels(name, uid)}}
+        if spec["suspend"]:
+            self._set_job_condition(batch_job, "Suspended", "True", "JobSuspended", "Job suspended")
+        self._put(JOBS, batch_job, "ADDED")
+        if spec["suspend"]:
+            self._event(batch_job, "Normal", "Suspended", "Job suspended", "job-controller")
+        return batch_job
+
+    def _create_launcher(self, job: Json) -> Json:
+        """The launcher Job (un-suspended) and, as its job-controller does, its one pod."""
+        batch_job = self._launcher_job(job)
+        meta = batch_job["metadata"]
+        status = batch_job["status"]
+        resumed = batch_job["spec"]["suspend"]
+        if resumed:
+            batch_job["spec"]["suspend"] = False
+            self._set_job_condition(batch_job, "Suspended", "False", "JobResumed", "Job resumed")
+            self._event(batch_job, "Normal", "Resumed", "Job resumed", "job-controller")
+        status.setdefault("startTime", _now())
+        pod = self._create_pod(
+            job,
+            "launcher",
+            owner=batch_job,
+            labels=_job_pod_labels(meta["name"], meta["uid"]),
+        )
+        status |= {"active": 1, "ready": 0, "terminating": 0, "uncountedTerminatedPods": {}}
+        self._put(JOBS, batch_job, "MODIFIED")
+        created = f"Created pod: {pod['metadata']['name']}"
+        self._event(batch_job, "Normal", "SuccessfulCreate", created, "job-controller")
+        return pod
+
+    def _set_job_condition(
+        self, batch_job: Json, type_: str, status: str, reason: str, message: str
+    ) -> None:
+        conditions = batch_job["status"].setdefault("conditions", [])
+        now = _now()
+        condition = {"type": type_, "status": status, "reason": reason, "message": message}
+        condition |= {"lastProbeTime": now, "lastTransitionTime": now}
+        for index, old in enumerate(conditions):
+            if old["type"] == type_:
+                conditions[index] = condition
+                return
+        conditions.append(condition)
+
+    def _suspend_launcher_job(self, job: Json) -> None:
+        """Suspend the launcher Job: its job-controller deletes its pod."""
+        meta = job["metadata"]
+        batch_job = self._store["jobs"].get((meta["namespace"], f"{meta['name']}-launcher"))
+        if batch_job is None or batch_job["spec"]["suspend"]:
+            return
+        for kind, obj in list(self._dependents(meta["namespace"], batch_job["metadata"]["uid"])):
+            if kind is PODS:
+                self._remove(PODS, meta["namespace"], obj["metadata"]["name"])
+        batch_job["spec"]["suspend"] = True
+        batch_job["status"] |= {"active": 0, "ready": 0}
+        batch_job["status"].pop("startTime", None)
+        self._set_job_condition(batch_job, "Suspended", "True", "JobSuspended", "Job suspended")
+        self._put(JOBS, batch_job, "MODIFIED")
+        self._event(batch_job, "Normal", "Suspended", "Job suspended", "job-controller")
+
+    def _finish_launcher_job(self, key: tuple[str, str], failed: bool) -> None:
+        """The job-controller's verdict on the launcher Job (backoffLimit 0: one failure ends
+        it), and the TTL-after-finished controller's deletion of it later."""
+        batch_job = self._store["jobs"].get((key[0], f"{key[1]}-launcher"))
+        if batch_job is None:
+            return
+        status = batch_job["status"]
+        status.pop("active", None)
+        status["ready"] = 0
+        if failed:
+            status["failed"] = 1
+            text = "Job has reached the specified backoff limit"
+            for type_ in ("FailureTarget", "Failed"):
+                self._set_job_condition(batch_job, type_, "True", "BackoffLimitExceeded", text)
+        else:
+            status["succeeded"] = 1
+            status["completionTime"] = _now()
+            text = "Reached expected number of succeeded pods"
+            for type_ in ("SuccessCriteriaMet", "Complete"):
+                self._set_job_condition(batch_job, type_, "True", "CompletionsReached", text)
+        self._put(JOBS, batch_job, "MODIFIED")
+        if failed:
+            self._event(batch_job, "Warning", "BackoffLimitExceeded", text, "job-controller")
+        else:
+            self._event(batch_job, "Normal", "Completed", "Job completed", "job-controller")
+        ttl = batch_job["spec"].get("ttlSecondsAfterFinished")
+        if ttl is not None:
+            self._spawn(self._expire_job(key[0], batch_job["metadata"]["name"], batch_job, ttl))
+
+    async def _expire_job(self, namespace: str, name: str, batch_job: Json, ttl: float) -> None:
+        """The TTL-after-finished controller: delete a finished Job (and so its pod)."""
+        await asyncio.sleep(ttl)
+        current = self._store["jobs"].get((namespace, name))
+        if current is not None and current["metadata"]["uid"] == batch_job["metadata"]["uid"]:
+            self._remove(JOBS, namespace, name)
+            self._cascade(namespace, current["metadata"]["uid"])
+
+    def _create_pod(
+        self,
+        job: Json,
+        role: str,
+        index: int = 0,
+        *,
+        owner: Json | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> Json:
+        """A launcher or worker pod, owned by ``owner`` (default: the MPIJob), with ``labels``
+        added to the template's and the operator's."""
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
         replica = job["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
         template = copy.deepcopy(replica.get("template") or {})
         template_meta = template.get("metadata") or {}
         spec = template.get("spec") or {}
-        labels = {**template_meta.get("labels", {}), _OPERATOR_NAME: "mpi-operator"}
-        labels |= {_JOB_NAME: name, _JOB_ROLE: role}
+        pod_labels = {**template_meta.get("labels", {}), _OPERATOR_NAME: "mpi-operator"}
+        pod_labels |= {_JOB_NAME: name, _JOB_ROLE: role, **(labels or {})}
         if role == "worker":
             pod_name = f"{name}-worker-{index}"
-            labels[_REPLICA_INDEX] = str(index)
+            pod_labels[_REPLICA_INDEX] = str(index)
             spec |= {"hostname": pod_name, "subdomain": name}
         else:
             pod_name = f"{name}-launcher-{_suffix()}"
+            spec |= {"hostname": f"{name}-launcher", "subdomain": name}
         default_restart = "OnFailure" if role == "launcher" else "Never"
         spec["restartPolicy"] = replica.get("restartPolicy") or default_restart
         containers = spec.get("containers") or []
@@ -319,9 +535,9 @@ class Operator(Store):
             "kind": "Pod",
             "metadata": {
                 "name": pod_name,
-                "labels": labels,
+                "labels": pod_labels,
                 "annotations": template_meta.get("annotations", {}),
-                "ownerReferences": [_owner_reference(job)],
+                "ownerReferences": [_owner_reference(owner or job)],
             },
             "spec": spec,
             "status": {"phase": "Pending", "qosClass": "BestEffort", "conditions": []},
@@ -345,19 +561,22 @@ class Operator(Store):
         ]
 
     def _unschedulable(self, pod: Json) -> None:
-        message = "0/3 nodes are available: 3 Insufficient cpu."
+        message = _fit_error(
+            _NODES, "Insufficient cpu", "No preemption victims found for incoming pod"
+        )
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         condition |= {"message": message, "lastTransitionTime": _now()}
+        condition |= _observed(pod)
         pod["status"]["conditions"] = [condition]
         self._put(PODS, pod, "MODIFIED")
         self._event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
 
     def _schedule(self, pod: Json, index: int) -> None:
-        node = f"fake-node-{index % 3}"
+        node = f"fake-node-{index % _NODES}"
         pod["spec"]["nodeName"] = node
         now = _now()
         pod["status"]["conditions"] = [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now} | _observed(pod)
         ]
         waiting = {"waiting": {"reason": "ContainerCreating"}}
         pod["status"]["containerStatuses"] = self._container_statuses(pod, waiting, False)
@@ -387,9 +606,13 @@ class Operator(Store):
         status |= {"phase": "Running", "startTime": now, "hostIP": "10.0.0.1"}
         status["podIP"] = f"10.244.{self._pod_ips // 250}.{self._pod_ips % 250 + 2}"
         status["conditions"] = [
-            {"type": t, "status": "True", "lastTransitionTime": now}
-            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            {"type": t, "status": "True", "lastTransitionTime": now} | _observed(pod)
+            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
         ]
+        status["conditions"].append(
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now} | _observed(pod)
+        )
+        status |= _observed(pod)  # the kubelet's status.observedGeneration (1.35)
         running = {"running": {"startedAt": now}}
         status["containerStatuses"] = self._container_statuses(pod, running, True)
         for container_status in status["containerStatuses"]:
@@ -408,12 +631,48 @@ class Operator(Store):
 
     def _delete_pods(self, job: Json) -> None:
         meta = job["metadata"]
+        self._suspend_launcher_job(job)
         for kind, obj in list(self._dependents(meta["namespace"], meta["uid"])):
             if kind is PODS:
                 self._remove(PODS, meta["namespace"], obj["metadata"]["name"])
 
 
 # --- small pure helpers about objects -----------------------------------------------------------
+
+_NODES = 3
+"""Nodes of the simulated cluster."""
+
+_JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
+"""The label that selects a Job's pods."""
+
+
+def _job_pod_labels(job_name: str, uid: str) -> dict[str, str]:
+    """The labels the Job API gives its pod template (and so its pods)."""
+    return {
+        _JOB_CONTROLLER_UID: uid,
+        "batch.kubernetes.io/job-name": job_name,
+        "controller-uid": uid,
+        "job-name": job_name,
+    }
+
+
+"""Nodes of the simulated cluster."""
+
+
+def _fit_error(nodes: int, reason: str, preemption: str) -> str:
+    """kube-scheduler v1.35's FailedScheduling text when every node fails the filter with
+    ``reason`` (``FitError.Error``), followed by its PostFilter plugins' verdicts: the
+    DynamicResources plugin's and DefaultPreemption's, ``preemption`` for every node."""
+    return (
+        f"0/{nodes} nodes are available: {nodes} {reason}. no new claims to deallocate, "
+        f"preemption: 0/{nodes} nodes are available: {nodes} {preemption}."
+    )
+
+
+def _observed(pod: Json) -> Json:
+    """``observedGeneration`` as 1.35 writes it into pod conditions and status (the
+    PodObservedGenerationTracking feature, GA): the pod's generation."""
+    return {"observedGeneration": pod["metadata"].get("generation", 1)}
 
 
 def _event_line(change_type: str, obj: Json) -> bytes:

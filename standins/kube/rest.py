@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import functools
@@ -147,6 +148,22 @@ async def running(kube: FakeKube, host: str = "127.0.0.1", port: int = 0) -> Asy
         await runner.cleanup()
 
 
+CONFIGMAP_MAX_BYTES = 1 << 20
+"""What the API server accepts in one ConfigMap: ``data`` values plus decoded ``binaryData``."""
+
+
+def _configmap_bytes(body: Json) -> int:
+    total = 0
+    for key, value in (body.get("data") or {}).items():
+        total += len(str(key)) + len(str(value).encode("utf-8"))
+    for key, value in (body.get("binaryData") or {}).items():
+        try:
+            total += len(str(key)) + len(base64.b64decode(str(value)))
+        except ValueError:
+            total += len(str(value))
+    return total
+
+
 # --- the server -------------------------------------------------------------------------------
 
 
@@ -157,7 +174,9 @@ class FakeKube(Operator):
     ``quota_exceeded`` (the text after "exceeded quota: " of a 403 on MPIJob create),
     ``scenario_for`` (picks the :class:`Scenario` of each created MPIJob), ``foreground_delay``
     (seconds a Foreground-deleted MPIJob lingers after its dependents are gone),
-    ``bookmark_interval`` (seconds between BOOKMARK events of an idle watch that asked for them),
+    ``bookmark_interval`` (seconds between the BOOKMARK events of a watch that asked for them,
+    one minute as in the API server's watch cache; a watch also gets one 2 s before its
+    ``timeoutSeconds`` end),
     ``history_limit`` (changes kept for watches that resume from a resourceVersion) and ``user``
     (named in 403 messages). ``requests`` records every request.
     """
@@ -181,6 +200,7 @@ class FakeKube(Operator):
         )
         if crd_schema_path is not None:
             self._schema, self._validator = _load_crd(str(Path(crd_schema_path).resolve()))
+        self._grants: dict[str, tuple[str, str]] = {}
         self._app = self._make_app()
 
     # -- public API ------------------------------------------------------------------------------
@@ -199,6 +219,17 @@ class FakeKube(Operator):
             self.default_scenario = scenario
         else:
             self._scenarios[name] = scenario
+
+    def grant(self, token: str, namespace: str, service_account: str = "oms-mpijob-proxy") -> None:
+        """Accept bearer ``token`` as ServiceAccount ``namespace``/``service_account`` whose Role
+        is bound in ``namespace`` only (as ``k8s/base/rbac`` ships it).
+
+        The RBAC authorizer comes before everything else, so any request of that token in
+        another namespace, existing or not, is 403 Forbidden naming that user (not 404 or an
+        empty list, as with ``token`` or no token: an administrator's credentials).
+        :meth:`forbid` applies to it too.
+        """
+        self._grants[token] = (f"system:serviceaccount:{namespace}:{service_account}", namespace)
 
     def forbid(self, verb: str, resource: str) -> None:
         """Answer 403 to ``verb`` (``"*"``: any) on ``resource`` (``"mpijobs"``, ``"pods/log"``)."""
@@ -270,7 +301,8 @@ class FakeKube(Operator):
         async def kube_api(request: web.Request, handler: _Handler) -> web.StreamResponse:
             return await self._dispatch(request, handler)
 
-        app = web.Application(middlewares=[kube_api])
+        # The API server takes request bodies up to 3 MiB (etcd's limit is about 1.5 MiB).
+        app = web.Application(middlewares=[kube_api], client_max_size=3 << 20)
         router = app.router
         router.add_get("/version", self._version)
         router.add_get("/version/", self._version)  # as VersionApi asks
@@ -356,16 +388,18 @@ class FakeKube(Operator):
             request.transport.close()
         return web.Response(status=500)
 
-    def _authorize(self, request: RecordedRequest) -> None:
+    def _authorize(self, request: RecordedRequest, grant: tuple[str, str] | None) -> None:
         resource = request.resource
         full = f"{resource}/{request.subresource}" if request.subresource else resource
-        if not ({(request.verb, full), ("*", full)} & self._forbidden):
+        user = self.user if grant is None else grant[0]
+        outside = grant is not None and request.namespace != grant[1]
+        if not outside and not ({(request.verb, full), ("*", full)} & self._forbidden):
             return
         kind = _KINDS.get(resource)
         qualified = kind.qualified_resource if kind else resource
         target = f'{qualified} "{request.name}"' if request.name else qualified
         message = (
-            f'{target} is forbidden: User "{self.user}" cannot {request.verb} resource "{full}" '
+            f'{target} is forbidden: User "{user}" cannot {request.verb} resource "{full}" '
             f'in API group "{request.api_group}" in the namespace "{request.namespace}"'
         )
         details: Json = {"name": request.name} if request.name else {}
@@ -380,8 +414,9 @@ class FakeKube(Operator):
             return self._drop(request)
         fault: Fault | None = None
         try:
-            bearer = request.headers.get("Authorization")
-            if self.token is not None and bearer != f"Bearer {self.token}":
+            bearer = request.headers.get("Authorization") or ""
+            grant = self._grants.get(bearer.removeprefix("Bearer ")) if bearer else None
+            if grant is None and self.token is not None and bearer != f"Bearer {self.token}":
                 raise _ApiError(401, "Unauthorized", "Unauthorized")
             fault = self._take_fault(recorded)
             if fault is not None:
@@ -391,7 +426,7 @@ class FakeKube(Operator):
                 if fault.status is not None:
                     raise _fault_error(fault, fault.status)
             if recorded.resource:
-                self._authorize(recorded)
+                self._authorize(recorded, grant)
             response = await handler(request)
         except _ApiError as err:
             return err.response()
@@ -494,6 +529,14 @@ class FakeKube(Operator):
             ]
         )
         causes += _metadata_causes(meta)
+        if kind is CONFIGMAPS and _configmap_bytes(body) > CONFIGMAP_MAX_BYTES:
+            causes.append(
+                _cause(
+                    "FieldValueTooLong",
+                    "[]",
+                    f"Too long: must have at most {CONFIGMAP_MAX_BYTES} bytes",
+                )
+            )
         if kind is MPIJOBS and self._validator is not None:
             for error in self._validator.iter_errors(body):
                 causes += [c for c in _schema_causes(error) if c not in causes]
@@ -523,12 +566,16 @@ class FakeKube(Operator):
         return web.json_response(
             {
                 "major": "1",
-                "minor": "31",
-                "gitVersion": "v1.31.0",
+                "minor": "35",
+                "emulationMajor": "1",
+                "emulationMinor": "35",
+                "minCompatibilityMajor": "1",
+                "minCompatibilityMinor": "34",
+                "gitVersion": "v1.35.4",
                 "gitCommit": "0" * 40,
                 "gitTreeState": "clean",
-                "buildDate": "2024-08-13T07:28:49Z",
-                "goVersion": "go1.22.5",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.25.0",
                 "compiler": "gc",
                 "platform": "linux/amd64",
             }
@@ -595,7 +642,7 @@ class FakeKube(Operator):
         items = []
         for obj in (o for _, o in sorted(self._store[kind.resource].items()) if accepts(o)):
             item = copy.deepcopy(obj)
-            if not kind.group:  # core lists leave kind and apiVersion off their items
+            if kind is not MPIJOBS:  # built-in lists leave kind and apiVersion off their items
                 del item["kind"], item["apiVersion"]
             items.append(item)
         return web.json_response(
@@ -632,6 +679,7 @@ class FakeKube(Operator):
         else:
             initial = [c for c in self._history if c.rv > since and c.kind is kind]
         watcher = _Watcher(kind, accepts, asyncio.Queue())
+        cache_rv = since or self._rv
         for change in initial:
             watcher.queue.put_nowait(change)
         self._watchers.add(watcher)
@@ -642,7 +690,7 @@ class FakeKube(Operator):
         deadline = loop.time() + timeout if timeout is not None else None
         try:
             await response.prepare(request)
-            await self._pump(watcher, request, response, deadline, bookmarks)
+            await self._pump(watcher, request, response, deadline, bookmarks, cache_rv)
         except ConnectionError:
             _LOGGER.debug("watch client of %s went away", kind.resource)
         finally:
@@ -658,33 +706,53 @@ class FakeKube(Operator):
         response: web.StreamResponse,
         deadline: float | None,
         bookmarks: bool,
+        cache_rv: int,
     ) -> None:
-        """Send a watcher's changes until its deadline, shutdown, down() or the client leaves."""
+        """Send a watcher's changes until its deadline, shutdown, down() or the client leaves.
+
+        BOOKMARKs come as from the API server's watch cache: 2 s before the deadline and about
+        every ``bookmark_interval`` seconds otherwise, carrying the newest resourceVersion among
+        the changes of the watched kind (``cache_rv`` at first): a change of another kind does
+        not move it on.
+        """
         loop = asyncio.get_running_loop()
-        last_sent = loop.time()
+        next_bookmark = self._next_bookmark(loop.time(), deadline)
         while not self._closing and not self._down:
             if request.transport is None or request.transport.is_closing():
                 return
+            now = loop.time()
             wait = _IDLE_CHECK_SECONDS
             if deadline is not None:
-                wait = min(wait, deadline - loop.time())
+                wait = min(wait, deadline - now)
                 if wait <= 0:
                     return
-            try:
-                change = await asyncio.wait_for(watcher.queue.get(), wait)
-            except TimeoutError:
-                if bookmarks and loop.time() - last_sent >= self.bookmark_interval:
+            if bookmarks and next_bookmark is not None:
+                if now >= next_bookmark:
                     kind = watcher.kind
-                    meta = {"resourceVersion": str(self._rv)}
+                    meta = {"resourceVersion": str(cache_rv)}
                     bookmark = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": meta}
                     await response.write(_event_line("BOOKMARK", bookmark))
-                    last_sent = loop.time()
+                    next_bookmark = self._next_bookmark(loop.time(), deadline)
+                    continue
+                wait = min(wait, next_bookmark - now)
+            try:
+                change = await asyncio.wait_for(watcher.queue.get(), max(wait, 0.0))
+            except TimeoutError:
                 continue
             if change is None:
                 return
+            cache_rv = max(cache_rv, change.rv)
             if watcher.accepts(change.obj):
                 await response.write(_event_line(change.type, change.obj))
-                last_sent = loop.time()
+
+    def _next_bookmark(self, now: float, deadline: float | None) -> float | None:
+        """When the watch cache sends its next bookmark (cacheWatcher.nextBookmarkTime): in
+        ``bookmark_interval`` seconds, or 2 s before the deadline if that is sooner; None when
+        that moment has passed."""
+        at = now + self.bookmark_interval
+        if deadline is not None:
+            at = min(at, deadline - 2.0)
+        return at if at >= now else None
 
     async def _delete(self, kind: _Kind, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -714,6 +782,16 @@ class FakeKube(Operator):
             return web.json_response(obj if policy == "Foreground" else success)
         if meta.get("deletionTimestamp"):
             return web.json_response(obj)
+        if policy != "Foreground" and meta.get("finalizers"):
+            # Finalizers hold the object (terminating) until their owners remove them; the
+            # dependents are deleted (or orphaned) only then.
+            meta["deletionTimestamp"] = _now()
+            meta["deletionGracePeriodSeconds"] = 0
+            self._pending_deletes[(kind.resource, namespace, name)] = policy
+            if kind is MPIJOBS:
+                self._stop_operator((namespace, name))  # the operator ignores terminating jobs
+            self._put(kind, obj, "MODIFIED")
+            return web.json_response(obj)
         if policy == "Foreground":
             meta["deletionTimestamp"] = _now()
             meta["deletionGracePeriodSeconds"] = 0
@@ -736,7 +814,11 @@ class FakeKube(Operator):
         obj = self._store[kind.resource].get((namespace, name))
         if obj is not None and obj["metadata"]["uid"] == uid:
             obj["metadata"]["finalizers"].remove("foregroundDeletion")
-            self._remove(kind, namespace, name)
+            if obj["metadata"]["finalizers"]:  # others hold it until they are removed
+                self._pending_deletes[(kind.resource, namespace, name)] = "Foreground"
+                self._put(kind, obj, "MODIFIED")
+            else:
+                self._remove(kind, namespace, name)
 
     async def _patch(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -783,6 +865,28 @@ class FakeKube(Operator):
             raise _ApiError(409, "Conflict", message, _details(MPIJOBS, name))
         for field in ("name", "namespace", "uid", "creationTimestamp", "generation"):
             meta[field] = current["metadata"][field]
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            if field in current["metadata"]:
+                meta[field] = current["metadata"][field]
+            else:
+                meta.pop(field, None)
+        if meta.get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or ()) - set(
+                current["metadata"].get("finalizers") or ()
+            )
+            if added:
+                raise _invalid(
+                    MPIJOBS,
+                    name,
+                    [
+                        _cause(
+                            "FieldValueForbidden",
+                            "metadata.finalizers",
+                            "Forbidden: no new finalizers can be added if the object is being "
+                            "deleted, found new finalizers " + json.dumps(sorted(added)),
+                        )
+                    ],
+                )
         meta.pop("resourceVersion", None)
         if "status" in current:
             patched["status"] = copy.deepcopy(current["status"])  # a status subresource
@@ -796,6 +900,9 @@ class FakeKube(Operator):
             meta["generation"] += 1
         was_suspended = _suspend_requested(current)
         self._put(MPIJOBS, patched, "MODIFIED")
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._finalize(MPIJOBS, namespace, name)  # the last finalizer went
+            return self._json(patched, 200, warnings)
         if _suspend_requested(patched) != was_suspended:
             self._on_suspend_change((namespace, name), _suspend_requested(patched))
         return self._json(patched, 200, warnings)

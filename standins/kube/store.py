@@ -222,7 +222,10 @@ EVENTS = _Kind(
     | {f"involvedObject.{f}" for f in ("kind", "namespace", "name", "uid", "apiVersion")}
     | {"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "type"},
 )
-_KINDS = {k.resource: k for k in (MPIJOBS, CONFIGMAPS, PODS, EVENTS)}
+JOBS = _Kind("jobs", "Job", "batch", "v1", _META_LABELS | {"status.successful"})
+SERVICES = _Kind("services", "Service", "", "v1", _META_LABELS)
+SECRETS = _Kind("secrets", "Secret", "", "v1", _META_LABELS | {"type"})
+_KINDS = {k.resource: k for k in (MPIJOBS, CONFIGMAPS, PODS, EVENTS, JOBS, SERVICES, SECRETS)}
 
 
 def _kind_named(name: str) -> _Kind:
@@ -397,7 +400,7 @@ class Store:
         self.scenario_for: Callable[[Json], Scenario] = scenario_for or self._scenario_by_name
         self.default_scenario = Scenario()
         self.foreground_delay = foreground_delay
-        self.bookmark_interval = 1.0
+        self.bookmark_interval = 60.0
         self.history_limit = 10_000
         first_namespace = min(self.namespaces) if self.namespaces else "default"
         self.user = f"system:serviceaccount:{first_namespace}:oms-mpijob-proxy"
@@ -421,6 +424,8 @@ class Store:
         self._faults: list[Fault] = []
         self._down = False
         self._pod_ips = 0
+        # Objects deleted while they had finalizers: the propagation to apply once they are gone.
+        self._pending_deletes: dict[tuple[str, str, str], str] = {}
         self._last_event_ns = 0
 
     # -- state changes -----------------------------------------------------------------------------
@@ -480,6 +485,20 @@ class Store:
             if key in self._store[kind.resource]:
                 removed = self._remove(kind, *key)
                 self._cascade(namespace, removed["metadata"]["uid"])
+
+    def _finalize(self, kind: _Kind, namespace: str, name: str) -> None:
+        """Remove a terminating object whose last finalizer went, then propagate its deletion."""
+        obj = self._store[kind.resource].get((namespace, name))
+        if obj is None or not obj["metadata"].get("deletionTimestamp"):
+            return
+        if obj["metadata"].get("finalizers"):
+            return
+        policy = self._pending_deletes.pop((kind.resource, namespace, name), "Background")
+        removed = self._remove(kind, namespace, name)
+        if policy == "Background":
+            self._cascade(namespace, removed["metadata"]["uid"])
+        elif policy == "Orphan":
+            self._orphan(namespace, removed["metadata"]["uid"])
 
     def _orphan(self, namespace: str, owner_uid: str) -> None:
         for kind, obj in list(self._dependents(namespace, owner_uid)):

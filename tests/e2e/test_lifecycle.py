@@ -417,3 +417,44 @@ async def test_real_watch_sends_bookmarks_to_our_client(control_plane: ControlPl
     ]
     assert watches
     assert all("allowwatchbookmarks=true" in e["requestURI"].lower() for e in watches)
+
+
+async def test_a_run_deleted_by_hand_is_archived_and_read_after_by_a_new_proxy(
+    control_plane: ControlPlane, slow_proxy: c.Server, start_proxy: ProxyFactory
+) -> None:
+    """``kubectl delete mpijob`` on a running job: the real API server holds it (our finalizer)
+    while the proxy reads the log and archives the run; then the real GC deletes the rest, and a
+    proxy that never saw the run serves the same lines and status ``x`` from the run record."""
+    write_launcher_log(control_plane, model_log("by-hand"))
+    status, state, _ = await submit(slow_proxy.url, ui_request())
+    assert status == 200, state
+    stamp = state["RunStamp"]
+    name = job_of(control_plane, stamp)["metadata"]["name"]
+    ns = control_plane.namespace
+    assert names.RUN_RECORD_FINALIZER in job_of(control_plane, stamp)["metadata"]["finalizers"]
+
+    async def model_lines_shown() -> bool:
+        page = await log_page(slow_proxy.url, stamp)
+        return any("by-hand" in line for line in page["Lines"])
+
+    await eventually("the model's lines are served", model_lines_shown, 90)
+    control_plane.kubectl_ok("delete", "mpijob", name, "-n", ns, "--wait=false")
+
+    def all_gone() -> bool:
+        left = mpijobs(control_plane, **{names.RUN_STAMP_KEY: stamp}) + pods_of(control_plane, name)
+        assert not left, [o["metadata"]["name"] for o in left]
+        return True
+
+    await eventually("the MPIJob and its pods deleted after the archive", all_gone, 90, interval=1)
+    record = control_plane.get_json("configmap", f"{name}-record", "-n", ns)
+    assert "ownerReferences" not in record["metadata"]
+    shown = lines_of(await follow_log(slow_proxy.url, stamp, within=30))
+    assert shown[-1].endswith(f"run stopped: MPIJob {name} deleted"), shown
+    assert any("by-hand" in line for line in shown)
+
+    fresh = start_proxy("proxy-after-delete")
+    pages = await follow_log(fresh.url, stamp, within=30)
+    assert lines_of(pages) == shown
+    status_code, items = await get(fresh.url, f"/api/model/{RISKPATHS}/run/{stamp}/status/list")
+    assert status_code == 200
+    assert [i["Status"] for i in items] == ["x"]
