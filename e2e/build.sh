@@ -6,7 +6,7 @@
 #                           k8s.io/kubernetes                  (a throwaway module replacing every staging module)
 #   mpi-operator            github.com/kubeflow/mpi-operator   (also the source of the MPIJob CRD)
 #   kwok                    sigs.k8s.io/kwok
-#   kueue                   sigs.k8s.io/kueue                  (also the source of Kueue's CRDs)
+#   kueue                   sigs.k8s.io/kueue                  (also the source of its CRDs and webhooks)
 #
 # Outputs go to .e2e/bin (gitignored); a binary already there for the same version is reused. If
 # OMS_E2E_BIN or KUBEBUILDER_ASSETS names a folder holding a binary, that one is used and not built.

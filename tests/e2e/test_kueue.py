@@ -5,6 +5,7 @@ until the first ends, then Kueue admits it and it runs to the end."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,13 +56,14 @@ def run_cpu(control_plane: ControlPlane, proxy_name: str) -> Fraction:
     """The CPU an MPIJob of the UI's request asks for in all (launcher + workers), from the
     proxy's own ``render`` command with that proxy's config file."""
     request = control_plane.workdir / "ui-request.json"
-    request.write_text(yaml.safe_dump(ui_request()))
+    request.write_text(json.dumps(ui_request()))
     config = control_plane.workdir / "proxies" / f"{proxy_name}.yaml"
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "proxy", "render", "--config", str(config), str(request)],
-        capture_output=True, text=True, check=True, timeout=60, cwd=cluster.REPO,
-    ).stdout  # fmt: skip
-    mpijob = next(d for d in yaml.safe_load_all(out) if d and d.get("kind") == "MPIJob")
+        capture_output=True, text=True, timeout=60, cwd=cluster.REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    mpijob = next(d for d in yaml.safe_load_all(done.stdout) if d and d.get("kind") == "MPIJob")
     total = Fraction(0)
     for spec in mpijob["spec"]["mpiReplicaSpecs"].values():
         for container in spec["template"]["spec"]["containers"]:
