@@ -32,7 +32,7 @@ from proxy.follow.handlers import (
     handle_run_status,
     handle_run_status_last,
     handle_run_stop,
-    handle_service_job_active,
+    handle_service_job,
     handle_service_state,
     run_cache_context,
 )
@@ -261,6 +261,7 @@ async def _clients(app: web.Application) -> AsyncIterator[None]:
             kube=kube,
             oms=oms,
             on_created=lambda job: _note_created(app, job),
+            stamp_known=lambda stamp: _stamp_known(app, stamp),
         )
         app[SUBMITTER] = submitter
         if config.kubernetes.dry_run_on_start:
@@ -289,6 +290,12 @@ def _note_created(app: web.Application, job: dict[str, Any]) -> None:
     cache = app.get(RUN_CACHE)
     if cache is not None:
         cache.note_created(job)
+
+
+def _stamp_known(app: web.Application, stamp: str) -> bool:
+    """Whether ``stamp`` names a run the run cache knows (a new stamp must not)."""
+    cache = app.get(RUN_CACHE)
+    return cache is not None and cache.knows_stamp(stamp)
 
 
 async def _start_up_dry_run(app: web.Application, submitter: Submitter) -> None:
@@ -360,7 +367,9 @@ def _bind_routes(app: web.Application) -> None:
             "run_status_list": handle_run_status,
             "run_status_last": handle_run_status_last,
             "service_state": handle_service_state,
-            "service_job_active": handle_service_job_active,
+            "service_job_active": handle_service_job,
+            "service_job_queue": handle_service_job,
+            "service_job_history": handle_service_job,
             "healthz": healthz,
             "readyz": readyz,
             "metrics": metrics_handler,

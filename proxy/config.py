@@ -291,7 +291,9 @@ class RunsConfig:
     start_deadline_seconds: float = dataclasses.field(
         default=900.0,
         metadata=_doc(
-            "A run that is not Running this long after submission is reported final (failed)."
+            "A run that is not Running this long after submission (after its admission, for a "
+            "run queued suspended, e.g. by Kueue: queue time does not count) is reported final "
+            "(failed)."
         ),
     )
     finished_retention_seconds: float = dataclasses.field(

@@ -84,7 +84,7 @@ ROUTES: tuple[Route, ...] = (
         "/api/service/state",
         "^/api/service/state/?$",
         "service_state",
-        "oms's service state with the launched MPIJob runs added to the active jobs.",
+        "oms's service state with the launched MPIJob runs in its queue, active jobs, history.",
     ),
     Route(
         "service_job_active",
@@ -93,6 +93,22 @@ ROUTES: tuple[Route, ...] = (
         f"^/api/service/job/active/{_SEG}/?$",
         "service_state",
         "Active job details of launched runs; others pass through.",
+    ),
+    Route(
+        "service_job_queue",
+        "GET",
+        "/api/service/job/queue/{stamp}",
+        f"^/api/service/job/queue/{_SEG}/?$",
+        "service_state",
+        "Queued job details of launched runs (suspended MPIJobs); others pass through.",
+    ),
+    Route(
+        "service_job_history",
+        "GET",
+        "/api/service/job/history/{stamp}",
+        f"^/api/service/job/history/{_SEG}/?$",
+        "service_state",
+        "History job details of finished launched runs; others pass through.",
     ),
 )
 

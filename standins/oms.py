@@ -260,6 +260,50 @@ class FakeOms:
             {"OmsName": self.oms_name, "IsJobControl": False, "RunCatalog": {}}
         )
 
+    async def service_job(self, request: web.Request) -> web.Response:
+        """GET /api/service/job/{active|queue|history}/{stamp}: oms's ``emptyRunJobState`` (this
+        stand-in starts no jobs itself)."""
+        return web.json_response(
+            {
+                "JobStatus": "",
+                "SubmitStamp": request.match_info["stamp"],
+                "Pid": 0,
+                "CmdPath": "",
+                "CmdLine": "",
+                "ModelName": "",
+                "ModelDigest": "",
+                "RunStamp": "",
+                "Dir": "",
+                "Opts": {},
+                "Env": {},
+                "Threads": 0,
+                "IsMpi": False,
+                "Mpi": {"Np": 0, "IsNotOnRoot": False, "IsNotByJob": False},
+                "Template": "",
+                "Tables": [],
+                "Microdata": {"IsToDb": False, "IsInternal": False, "Entity": []},
+                "RunNotes": [],
+                "Res": {
+                    "Cpu": 0,
+                    "Mem": 0,
+                    "ProcessCount": 0,
+                    "ThreadCount": 0,
+                    "ProcessMemMb": 0,
+                    "ThreadMemMb": 0,
+                },
+                "IsOverLimit": False,
+                "QueuePos": 0,
+                "LogFileName": "",
+                "LogPath": "",
+                "BinDir": "",
+                "WorkDir": "",
+                "IniPath": "",
+                "HostFilePath": "",
+                "RunStatus": [],
+                "Lines": [],
+            }
+        )
+
     async def service_state(self, request: web.Request) -> web.Response:
         return web.json_response(
             {
@@ -374,6 +418,7 @@ class FakeOms:
         r.add_post("/api/run", self.run_post)
         r.add_get("/api/service/config", self.service_config)
         r.add_get("/api/service/state", self.service_state)
+        r.add_get("/api/service/job/{list:active|queue|history}/{stamp}", self.service_job)
         r.add_get("/test/download/{size:[0-9]+}", self.download)
         r.add_route("*", "/test/upload", self.upload)
         r.add_get("/test/reset/{size:[0-9]+}", self.reset)

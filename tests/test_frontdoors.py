@@ -235,6 +235,8 @@ ROUTE_SAMPLES = {
     "run_status_last": [f"/api/model/{DIGEST}/run/status/last"],
     "service_state": ["/api/service/state", "/api/service/state?lang=EN"],
     "service_job_active": [f"/api/service/job/active/{STAMP}"],
+    "service_job_queue": [f"/api/service/job/queue/{STAMP}"],
+    "service_job_history": [f"/api/service/job/history/{STAMP}"],
 }
 
 # Other traffic: it must reach oms. "proxy-path" marks another method on a proxy route's path:
@@ -273,7 +275,7 @@ OTHER: list[tuple[str, str, str]] = [
     ("GET", "/api/service/disk-use", "oms"),
     ("PUT", f"/api/service/job/move/0/{STAMP}", "oms"),
     ("DELETE", f"/api/service/job/delete/history/{STAMP}", "oms"),
-    ("GET", f"/api/service/job/history/{STAMP}", "oms"),
+    ("GET", f"/api/service/job/history/{STAMP}/extra", "oms"),
     ("GET", f"/api/service/job/active/{STAMP}/extra", "oms"),
     ("POST", "/api/admin/all-models/refresh", "oms"),
     ("GET", "/api/run/log/model/RiskPaths", "oms"),

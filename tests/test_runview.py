@@ -261,11 +261,29 @@ def test_a_job_without_our_annotations_is_not_a_run() -> None:
             "deadline",
             "e",
         ),
+        # Time spent queued (suspended, not admitted) does not count towards the deadline ...
         (
             [cond("Created", "True", 0), cond("Suspended", "True", 0)],
             [],
             False,
-            61,
+            610,
+            "queued",
+            "i",
+        ),
+        # ... it counts from the admission (Suspended turning False).
+        (
+            [cond("Created", "True", 0), cond("Suspended", "False", 30)],
+            [],
+            False,
+            85,
+            "pending",
+            "i",
+        ),
+        (
+            [cond("Created", "True", 0), cond("Suspended", "False", 30)],
+            [],
+            False,
+            91,
             "deadline",
             "e",
         ),
@@ -586,7 +604,7 @@ def test_run_job_passes_the_ui_is_run_job_check() -> None:
         assert isinstance(job[key], str | dict)
     assert isinstance(job["Threads"], int)
     assert job["IsMpi"] is True
-    assert job["Mpi"] == {"Np": 3, "IsNotOnRoot": True, "IsNotByJob": True}
+    assert job["Mpi"] == {"Np": 3, "IsNotOnRoot": True, "IsNotByJob": False}  # as oms's own
     assert job["Res"] == {
         "Cpu": 4,
         "Mem": 0,

@@ -29,9 +29,10 @@ make them identical on every replica and across restarts: the frozen prelude of 
 (:data:`proxy.follow.view.PRELUDE_KEY`), and the start-deadline verdict
 (:data:`proxy.follow.view.FINAL_MESSAGE_KEY`). Whichever replica can first compute one writes it
 with a JSON merge patch carrying ``metadata.resourceVersion`` (a 409 means someone else changed the
-job: re-read and look again). Recording the start deadline also suspends the MPIJob
-(``spec.runPolicy.suspend: true``), so a run reported failed cannot start later behind the
-user's back.
+job: re-read and look again); :mod:`proxy.follow.recorder` does it, retrying in the
+background, while this replica answers from what it froze. Recording the start deadline also
+suspends the MPIJob (``spec.runPolicy.suspend: true``), or deletes it when Kueue queues it
+(Kueue would resume it), so a run reported failed cannot start later behind the user's back.
 
 **Retention of finished runs.** Finished MPIJobs (Succeeded, Failed, or past the start
 deadline) are kept for ``runs.finished_retention_seconds``, counted from when they finished, so
@@ -46,11 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -60,23 +60,26 @@ from proxy import names
 from proxy.clients.kube import KubeClient
 from proxy.config import Config
 from proxy.errors import (
-    KubeConflict,
     KubeError,
     KubeForbidden,
     KubeInvalid,
     KubeObjectNotFound,
 )
 from proxy.follow.informer import inform
-from proxy.follow.launcherlog import LauncherLog, first_launcher
+from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, first_launcher
+from proxy.follow.recorder import Recorder
 from proxy.follow.runinfo import resource_version
 from proxy.follow.store import Run, RunStore, name_of
 from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
+    FINAL_PHASES,
     PRELUDE_KEY,
     EventsSnapshot,
     RunView,
     ViewSettings,
     compute_view,
+    deadline_start,
+    queue_name,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -93,6 +96,24 @@ def _about_our_run(event: Obj, runs: Mapping[str, Any], prefixes: tuple[str, ...
     involved = event.get("involvedObject") or {}
     name = str(involved.get("name") or "")
     return name in runs or name.startswith(prefixes)
+
+
+def pick(stamp: str, runs: Iterable[Run]) -> Run | None:
+    """The run a stamp names when several runs carry it; the same choice on every replica.
+
+    A generated stamp is a run's RunStamp and SubmitStamp at once and is reserved by the
+    create of its MPIJob, so it names one run of a model. What remains (a client-chosen
+    RunStamp equal to another run's SubmitStamp, or runs of two models found without a model):
+    a RunStamp match wins over a SubmitStamp match; then a live MPIJob over a deleted one;
+    then the earlier created; then the smaller MPIJob name.
+    """
+    best: tuple[Any, ...] | None = None
+    chosen: Run | None = None
+    for run in runs:
+        key = (run.info.run_stamp != stamp, run.deleted, run.info.created, run.name)
+        if best is None or key < best:
+            best, chosen = key, run
+    return chosen
 
 
 class RunCache(RunStore):
@@ -128,6 +149,7 @@ class RunCache(RunStore):
         self._events_problem: str | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.recorder = Recorder(kube, self.tuning, self._upsert_job, self._spawn)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -240,34 +262,60 @@ class RunCache(RunStore):
     # -- lookups ----------------------------------------------------------------------------------
 
     async def find(self, stamp: str, model: str | None = None) -> Run | None:
-        """The launched run with run stamp or submit stamp ``stamp`` (of ``model``, if given)."""
+        """The launched run that ``stamp`` names (of ``model``, if given): see :func:`pick`."""
         if not stamp:
             return None
         await self._ensure_fresh()
-        best: Run | None = None
+        candidates = []
         for job_name in self._by_stamp.get(names.label_value(stamp), ()):
             run = self._runs.get(job_name)
             if run is None or stamp not in (run.info.run_stamp, run.info.submit_stamp):
                 continue
             if model is not None and not run.info.matches_model(model):
                 continue
-            if best is None or (not run.deleted, run.info.created) > (
-                not best.deleted,
-                best.info.created,
-            ):
-                best = run
-        return best
+            candidates.append(run)
+        return pick(stamp, candidates)
+
+    def knows_stamp(self, stamp: str) -> bool:
+        """Whether some run known here has ``stamp`` as its run or submit stamp (no I/O)."""
+        for job_name in self._by_stamp.get(names.label_value(stamp), ()):
+            run = self._runs.get(job_name)
+            if run is not None and stamp in (run.info.run_stamp, run.info.submit_stamp):
+                return True
+        return False
 
     async def runs_of_model(self, model: str) -> list[Run]:
         """Every launched run of ``model`` (digest or name) this replica knows, tombstones too."""
         await self._ensure_fresh()
         return [r for r in self._runs.values() if r.info.matches_model(model)]
 
-    async def active(self) -> list[RunView]:
-        """Views of the runs that are not final yet (for the jobs page)."""
+    async def jobs(self) -> tuple[list[RunView], list[RunView], list[RunView]]:
+        """The jobs page's (queue, active, history), each by submit stamp.
+
+        From the MPIJobs' state as the watch shows it (not from what the pages have read), so
+        every replica moves a run at the same moment: suspended and never admitted → queue;
+        ended (Succeeded, Failed, deleted, past the start deadline) → history, for as long as
+        this cache keeps the run (retention, then the tombstone); else active.
+        """
         await self._ensure_fresh()
-        views = [self.peek(r) for r in list(self._runs.values()) if not r.deleted]
-        return [v for v in views if v is not None and not v.is_final]
+        queue: list[RunView] = []
+        active: list[RunView] = []
+        history: list[RunView] = []
+        lists = {"queue": queue, "active": active, "history": history}
+        for run in list(self._runs.values()):
+            view = self.peek(run)
+            if view is not None:
+                lists[self.job_list(view)].append(view)
+        for views in (queue, active, history):
+            views.sort(key=lambda v: (v.info.submit_stamp, v.info.name))
+        return queue, active, history
+
+    @staticmethod
+    def job_list(view: RunView) -> str:
+        """Which list of the jobs page a run is in: queue, active or history (see :meth:`jobs`)."""
+        if view.phase in FINAL_PHASES:
+            return "history"
+        return "queue" if view.phase == "queued" else "active"
 
     def phase_counts(self) -> dict[str, int]:
         """Runs known to the cache by phase, from what is cached (no API call; for metrics)."""
@@ -310,7 +358,8 @@ class RunCache(RunStore):
             run.log = log
             run.log_version += 1
         now = self.clock()
-        deadline_passed = now - run.info.created > timedelta(
+        since = deadline_start(run.obj)
+        deadline_passed = since is not None and now - since > timedelta(
             seconds=self.settings.start_deadline_seconds
         )
         prelude_recorded = PRELUDE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
@@ -326,6 +375,8 @@ class RunCache(RunStore):
             None if prelude_recorded or events is None else events.fetched_at,
             run.log_version,
             deadline_passed,
+            run.frozen_prelude is not None,
+            run.frozen_final is not None,
         )
         if run.memo_key == key and run.memo_view is not None:
             return run.memo_view
@@ -338,24 +389,65 @@ class RunCache(RunStore):
             deleted_at=run.deleted_at,
             now=now,
             settings=self.settings,
+            prelude=run.frozen_prelude,
+            final_message=run.frozen_final,
             unreadable=unreadable,
         )
+        if view is not None:
+            # What this replica froze stays as it is, whatever happens to its recording.
+            if run.frozen_prelude is None and view.prelude_to_record is not None:
+                run.frozen_prelude = view.prelude_to_record
+            if run.frozen_final is None and view.final_to_record is not None:
+                run.frozen_final = view.final_to_record
         run.memo_key, run.memo_view = key, view
         return view
 
     async def view(self, run: Run) -> RunView | None:
-        """The run's view, after fetching what it lacks (Events, launcher log) if due."""
+        """The run's view, after fetching what it lacks (Events, launcher log) if due.
+
+        Once the MPIJob has ended, the answer is final and whole: this waits for what the
+        final page needs (the launcher's end in the pod cache, the Events settled past the
+        prelude's freeze point, the whole log) rather than show a page that would still grow.
+        """
         view = self.peek(run)
-        for _ in range(3):
+        for _ in range(5):
             if view is None:
                 return None
-            waited = await self._ensure_events(view)
+            waited = False
+            if view.phase in FINAL_PHASES and not view.is_final:
+                waited = await self._await_final(run, view)
+            waited = await self._ensure_events(view) or waited
             waited = await self._ensure_log(run, view) or waited
-            self._maybe_record(run, view)
+            self.recorder.maybe_record(run, view)
             if not waited:
                 break
             view = self.peek(run)
         return view
+
+    async def _await_final(self, run: Run, view: RunView) -> bool:
+        """For an ended MPIJob: wait for what its final page still lacks; True if it waited."""
+        waited = False
+        launcher = view.launcher
+        ended = view.phase in ("succeeded", "failed")
+        if ended and launcher is not None and launcher.terminated is None:
+            # The MPIJob's end came through its watch before the launcher pod's: read it.
+            selector = f"{SELECTOR},{JOB_NAME_LABEL}={run.name}"
+            with contextlib.suppress(KubeError):
+                pods, _ = await self.kube.list_pods_rv(selector)
+                for pod in pods:
+                    self._store_pod(pod)
+                waited = True
+        if view.needs_events is not None:
+            # The Events up to the freeze point are complete once settle_seconds have passed
+            # (and a list is due again: at most one every 0.5 s).
+            wait = max(
+                (view.needs_events - self.clock()).total_seconds(),
+                self._events_next - time.monotonic(),
+            )
+            if wait > 0:
+                await asyncio.sleep(min(wait, self.tuning.settle_seconds + 1.0))
+                waited = True
+        return waited
 
     # -- Events -----------------------------------------------------------------------------------
 
@@ -377,7 +469,10 @@ class RunCache(RunStore):
         else:
             return False
         if self._events_forbidden:
-            return False
+            # No Events can be read: "listed now, none" is all there is, so a prelude can still
+            # freeze (the page says once what could not be read).
+            self._events = EventsSnapshot((), now)
+            return True
         if self._events_task is None:
             if time.monotonic() < self._events_next:
                 return False
@@ -419,9 +514,11 @@ class RunCache(RunStore):
             return False
         if run.log is not None and run.log.complete:
             return False
-        ended = launcher.terminated is not None
+        # A Succeeded/Failed MPIJob's launcher has exited: what its log has now is all of it.
+        ended = launcher.terminated is not None or view.phase in ("succeeded", "failed")
         if run.log_task is None:
-            if time.monotonic() - run.log_read_at < self.config.kubernetes.log_cache_seconds:
+            recent = time.monotonic() - run.log_read_at < self.config.kubernetes.log_cache_seconds
+            if recent and not ended:
                 return False  # at most one read per log_cache_seconds, shared by all pollers
             run.log_task = asyncio.get_running_loop().create_task(
                 self._read_log(run, launcher.pod, launcher.container, ended)
@@ -464,63 +561,6 @@ class RunCache(RunStore):
                 self._tasks.discard(run.log_task)
             run.log_task = None
 
-    # -- recording annotations ------------------------------------------------------------------
-
-    def _maybe_record(self, run: Run, view: RunView) -> None:
-        if run.deleted or run.record_task is not None:
-            return
-        if run.record_attempts >= self.tuning.record_attempts:
-            return
-        if time.monotonic() < run.record_after:
-            return
-        annotations: dict[str, str] = {}
-        suspend = False
-        if view.final_to_record is not None:
-            if not view.prelude_frozen:
-                return  # record both at once, once the prelude can be frozen
-            annotations[FINAL_MESSAGE_KEY] = view.final_to_record.to_json()
-            suspend = True
-        if view.prelude_to_record is not None:
-            annotations[PRELUDE_KEY] = json.dumps(list(view.prelude_to_record), ensure_ascii=False)
-        if not annotations:
-            return
-        run.record_attempts += 1
-        run.record_task = self._spawn(self._record(run, annotations, suspend), "recording")
-
-    async def _record(self, run: Run, annotations: dict[str, str], suspend: bool) -> None:
-        patch: Obj = {
-            "metadata": {"resourceVersion": resource_version(run.obj), "annotations": annotations}
-        }
-        if suspend:
-            patch["spec"] = {"runPolicy": {"suspend": True}}
-        try:
-            obj = await self.kube.patch_mpijob(run.name, patch)
-            self._upsert_job(obj)
-            if suspend:
-                _LOGGER.info(
-                    "run %s did not start in time: MPIJob %s suspended",
-                    run.info.run_stamp,
-                    run.name,
-                )
-        except KubeConflict:  # 409 Conflict: the MPIJob changed; look again
-            with contextlib.suppress(KubeError):
-                self._upsert_job(await self.kube.get_mpijob(run.name))
-        except KubeObjectNotFound:
-            pass
-        except KubeForbidden as e:
-            run.record_attempts = self.tuning.record_attempts
-            _LOGGER.warning(
-                "cannot annotate MPIJob %s (RBAC needs 'patch' on mpijobs); answers may differ "
-                "between replicas: %s",
-                run.name,
-                e,
-            )
-        except KubeError as e:
-            run.record_after = time.monotonic() + self.tuning.record_retry_seconds
-            _LOGGER.warning("annotating MPIJob %s failed: %s", run.name, e)
-        finally:
-            run.record_task = None
-
     # -- stop and retention -----------------------------------------------------------------------
 
     async def stop(self, run: Run) -> None:
@@ -550,7 +590,15 @@ class RunCache(RunStore):
                     await self._ensure_events(view, wait=True)
                 view = self.peek(run)
                 if view is not None:
-                    self._maybe_record(run, view)
+                    self.recorder.maybe_record(run, view)
+            if (
+                view is not None
+                and view.phase == "deadline"
+                and queue_name(run.obj)
+                and FINAL_MESSAGE_KEY in ((run.obj.get("metadata") or {}).get("annotations") or {})
+            ):
+                await self.recorder.enforce_verdict(run)  # a delete that failed before
+                continue
             if (
                 view is not None
                 and view.phase in ("succeeded", "failed", "deadline")

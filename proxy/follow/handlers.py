@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator
+from pathlib import PurePath
 from typing import Any
 from urllib.parse import quote
 
@@ -25,6 +26,7 @@ from proxy.errors import (
 from proxy.follow.cache import RUN_CACHE, RunCache
 from proxy.follow.omsshapes import (
     PagingError,
+    history_job,
     job_details,
     log_page,
     parse_go_int,
@@ -125,17 +127,19 @@ async def handle_run_status_last(request: web.Request) -> web.StreamResponse:
     doc = answer.json()
     if not isinstance(doc, dict):
         return answer.response(request)
-    stamp = doc.get("RunStamp") or ""
-    same = [r for r in runs if r.info.run_stamp == stamp and stamp]
-    if same and doc.get("Status"):
-        view = await cache.view(max(same, key=lambda r: r.info.submitted))
-        ours = progress_item(doc, view) if view is not None else None
-        return answer.response(request) if ours is None else _json(ours, request)
-    newest = max(runs, key=lambda r: r.info.submitted)
-    if doc.get("Status") and str(doc.get("CreateDateTime") or "") >= format_time(
-        newest.info.submitted
-    ):
-        return answer.response(request)
+    stamp = str(doc.get("RunStamp") or "")
+    newest = max(runs, key=lambda r: (r.info.submitted, r.info.created, r.name))
+    if doc.get("Status") and stamp:
+        if stamp == newest.info.run_stamp:  # oms has our newest run: its row wins
+            view = await cache.view(newest)
+            ours = progress_item(doc, view) if view is not None else None
+            return answer.response(request) if ours is None else _json(ours, request)
+        older_of_ours = any(r.info.run_stamp == stamp for r in runs)
+        if not older_of_ours and str(doc.get("CreateDateTime") or "") >= format_time(
+            newest.info.submitted
+        ):
+            return answer.response(request)  # a run oms knows, newer than ours
+    # oms's newest row is older than the newest run we launched (or oms has none): ours.
     view = await cache.view(newest)
     return answer.response(request) if view is None else _json(run_pub(view), request)
 
@@ -161,31 +165,63 @@ async def handle_run_stop(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _template_name(request: web.Request) -> str:
+    """The template the runs are made from (oms shows its run template's file name)."""
+    return PurePath(request.app[CONFIG].mpijob.template).name
+
+
+def _add_res(doc: dict[str, Any], keys: tuple[str, ...], jobs: list[dict[str, Any]]) -> None:
+    """Count ``jobs``' resources into oms's totals (``ComputeRes`` keys of ServiceState)."""
+    cpu = sum(int(j["Res"]["Cpu"]) for j in jobs)
+    mem = sum(int(j["Res"]["Mem"]) for j in jobs)
+    for key in keys:
+        total = doc.get(key)
+        if isinstance(total, dict):
+            doc[key] = {
+                **total,
+                "Cpu": int(total.get("Cpu") or 0) + cpu,
+                "Mem": int(total.get("Mem") or 0) + mem,
+            }
+
+
 async def handle_service_state(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/state: oms's, with our active runs added to ``Active``."""
+    """GET /api/service/state: oms's, with our runs added to ``Queue``, ``Active``, ``History``
+    (and their resources to the totals), as oms lists the runs it starts itself."""
     cache = _cache(request)
     if cache is None:
         return await forward(request)
     answer = await oms_get(request)
     doc = answer.json()
-    if not isinstance(doc, dict) or not isinstance(doc.get("Active"), list):
+    if not isinstance(doc, dict) or not all(
+        isinstance(doc.get(k), list) for k in ("Queue", "Active", "History")
+    ):
         return answer.response(request)
-    views = sorted(await cache.active(), key=lambda v: v.info.submit_stamp)
-    if not views:
+    queue, active, history = await cache.jobs()
+    if not (queue or active or history):
         return answer.response(request)
-    doc["Active"] = [*doc["Active"], *(run_job(v) for v in views)]
+    template = _template_name(request)
+    # QueuePos: the position in the cluster's queue (Kueue's), apart from oms's own queue.
+    queued = [run_job(v, template, 1 + i) for i, v in enumerate(queue)]
+    running = [run_job(v, template) for v in active]
+    doc["Queue"] = [*doc["Queue"], *queued]
+    doc["Active"] = [*doc["Active"], *running]
+    doc["History"] = [*doc["History"], *(history_job(v) for v in history)]
+    _add_res(doc, ("ActiveTotalRes", "ActiveOwnRes"), running)
+    _add_res(doc, ("QueueTotalRes", "QueueOwnRes"), queued)
     return _json(doc, request)
 
 
-async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
-    """GET /api/service/job/active/{stamp}: job details of a launched run."""
+async def handle_service_job(request: web.Request) -> web.StreamResponse:
+    """GET /api/service/job/{active|queue|history}/{stamp}: oms's ``runJobState`` of a launched
+    run that is in that list of the jobs page (others pass through to oms)."""
     cache = _cache(request)
-    run = await cache.find(request.match_info["stamp"]) if cache is not None else None
-    if cache is None or run is None:
+    if cache is None:
         return await forward(request)
-    view = await cache.view(run)
-    if view is None:
-        return await forward(request)
+    which = request.path.split("/")[4]
+    run = await cache.find(request.match_info["stamp"])
+    view = await cache.view(run) if run is not None else None
+    if run is None or view is None or cache.job_list(view) != which:
+        return await forward(request)  # not one of ours in that list: oms answers
     info = view.info
     item: Any = run_pub(view)
     path = f"/api/model/{quote(info.model_digest, safe='')}/run/{quote(info.run_stamp, safe='')}"
@@ -193,7 +229,11 @@ async def handle_service_job_active(request: web.Request) -> web.StreamResponse:
         oms_list = (await oms_get(request, path + "/status/list")).json()
         if isinstance(oms_list, list) and oms_list:
             item = progress_item(oms_list[0], view) or oms_list[0]
-    return _json(job_details(view, item), request)
+    position = 0
+    if which == "queue":
+        queue = [v.info.name for v in (await cache.jobs())[0]]
+        position = 1 + queue.index(run.name) if run.name in queue else 0
+    return _json(job_details(view, item, _template_name(request), position, which), request)
 
 
 async def run_cache_context(app: web.Application) -> AsyncIterator[None]:

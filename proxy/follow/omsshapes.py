@@ -7,6 +7,7 @@ lists and their meaning follow oms's Go structs (``db.RunState``, ``RunStateLogP
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from datetime import tzinfo
@@ -113,11 +114,25 @@ def run_pub(view: RunView, tz: tzinfo | None = None) -> dict[str, Any]:
     }
 
 
-def run_job(view: RunView) -> dict[str, Any]:
-    """oms ``RunJob`` (an active job on the service-state page) of a launched run."""
+def run_res(view: RunView) -> dict[str, Any]:
+    """oms ``RunRes`` of a launched run: CPU = processes x threads, memory in GB as oms sums it
+    (``memoryRunSize``: processes x per-process MiB / 1024, rounded up)."""
     info = view.info
-    threads = info.threads
-    processes = info.process_count
+    processes, threads = info.process_count, info.threads
+    return {
+        "Cpu": processes * threads,
+        "Mem": math.ceil(processes * info.process_mem_mb / 1024),
+        "ProcessCount": processes,
+        "ThreadCount": threads,
+        "ProcessMemMb": info.process_mem_mb,
+        "ThreadMemMb": 0,
+    }
+
+
+def run_job(view: RunView, template: str = "", queue_pos: int = 0) -> dict[str, Any]:
+    """oms ``RunJob`` (a job on the service-state page) of a launched run, as oms shows its own:
+    run options, template, Mpi and resources; server-only fields empty (oms clears them too)."""
+    info = view.info
     return {
         "SubmitStamp": info.submit_stamp,
         "Pid": 0,
@@ -127,25 +142,18 @@ def run_job(view: RunView) -> dict[str, Any]:
         "ModelDigest": info.model_digest,
         "RunStamp": info.run_stamp,
         "Dir": "",
-        "Opts": {},
+        "Opts": dict(info.opts),
         "Env": {},
-        "Threads": threads,
+        "Threads": info.threads,
         "IsMpi": True,
-        "Mpi": {"Np": info.mpi_np, "IsNotOnRoot": info.not_on_root, "IsNotByJob": True},
-        "Template": "",
+        "Mpi": {"Np": info.mpi_np, "IsNotOnRoot": info.not_on_root, "IsNotByJob": False},
+        "Template": template,
         "Tables": [],
         "Microdata": {"IsToDb": False, "IsInternal": False, "Entity": []},
         "RunNotes": [],
-        "Res": {
-            "Cpu": processes * threads,
-            "Mem": 0,
-            "ProcessCount": processes,
-            "ThreadCount": threads,
-            "ProcessMemMb": 0,
-            "ThreadMemMb": 0,
-        },
+        "Res": run_res(view),
         "IsOverLimit": False,
-        "QueuePos": 0,
+        "QueuePos": queue_pos,
         "LogFileName": info.log_file_name,
         "LogPath": "",
         "BinDir": "",
@@ -155,9 +163,39 @@ def run_job(view: RunView) -> dict[str, Any]:
     }
 
 
-def job_details(view: RunView, run_status: Any) -> dict[str, Any]:
-    """The answer to ``/api/service/job/active/<submitStamp>``: RunJob, its status, its log."""
-    return {"JobStatus": "", **run_job(view), "RunStatus": [run_status], "Lines": list(view.lines)}
+_JOB_STATUS = {"succeeded": "success", "failed": "error", "deadline": "error", "stopped": "kill"}
+
+
+def job_status(view: RunView) -> str:
+    """oms's history ``JobStatus`` of a finished run: success, error or kill (stopped)."""
+    return _JOB_STATUS.get(view.phase, "")
+
+
+def history_job(view: RunView) -> dict[str, Any]:
+    """oms ``historyJobFile`` (a History item of the service-state page) of a finished run."""
+    info = view.info
+    return {
+        "SubmitStamp": info.submit_stamp,
+        "ModelName": info.model_name,
+        "ModelDigest": info.model_digest,
+        "RunStamp": info.run_stamp,
+        "JobStatus": job_status(view),
+        "RunTitle": info.run_name,
+    }
+
+
+def job_details(
+    view: RunView, run_status: Any, template: str = "", queue_pos: int = 0, which: str = "active"
+) -> dict[str, Any]:
+    """oms ``runJobState``, the answer to ``/api/service/job/<which>/<submitStamp>``: the RunJob,
+    its run status and its log (oms shows no log for a queued job; ``JobStatus`` only in
+    history)."""
+    return {
+        "JobStatus": job_status(view) if which == "history" else "",
+        **run_job(view, template, queue_pos),
+        "RunStatus": [run_status],
+        "Lines": list(view.lines) if which != "queue" else [],
+    }
 
 
 # --- progress items -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Kubernetes timestamps without a fraction (most of them) stand for their whole se
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -136,6 +137,10 @@ class RunInfo:
     threads: int
     not_on_root: bool
     sub_values: int
+    opts: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The run options as the request gave them to the model (``-Key value`` in the argv)."""
+    process_mem_mb: int = 0
+    """Memory requested per MPI process in MiB (the worker's request / slots), 0 if unknown."""
 
     @property
     def process_count(self) -> int:
@@ -169,6 +174,49 @@ def _opt(argv: Sequence[str], key: str) -> str | None:
         if token.lower() in (want, "-" + want):
             return argv[i + 1]
     return None
+
+
+# Options the proxy adds to every model argv itself, as oms does (not the request's Opts).
+_OWN_OPTS = frozenset(
+    {"openm.runstamp", "openm.logtoconsole", "openm.logtofile", "openm.threads", "ini"}
+)
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?")
+_UNIT: dict[str, float] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3}
+_UNIT |= {"M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3}
+
+
+def _model_opts(argv: Sequence[str]) -> dict[str, str]:
+    """The ``-Key value`` pairs after the model executable, without the proxy's own."""
+    exe = next((i for i, t in enumerate(argv) if t.endswith("_mpi") or t.endswith("/mpi")), -1)
+    out: dict[str, str] = {}
+    i = exe + 1 if exe >= 0 else len(argv)
+    while i < len(argv):
+        token = argv[i]
+        key = token[1:] if token.startswith("-") else token
+        if key.lower() == "openm.notonroot":  # a bare flag
+            i += 1
+            continue
+        if i + 1 < len(argv) and key.lower() not in _OWN_OPTS:
+            out[key] = argv[i + 1]
+        i += 2
+    return out
+
+
+def _memory_mb(value: Any) -> int:
+    """A Kubernetes memory quantity in MiB (rounded up), 0 if it is not one."""
+    m = _QUANTITY.fullmatch(str(value or ""))
+    if m is None:
+        return 0
+    return math.ceil(float(m[1]) * _UNIT.get(m[2] or "", 1) / 2**20)
+
+
+def _process_mem_mb(worker: Obj, slots: int) -> int:
+    try:
+        container = worker["template"]["spec"]["containers"][0]
+        memory = container["resources"]["requests"]["memory"]
+    except (KeyError, IndexError, TypeError):
+        return 0
+    return math.ceil(_memory_mb(memory) / max(1, slots))
 
 
 def _int(value: Any, default: int) -> int:
@@ -225,4 +273,6 @@ def run_info(job: Obj) -> RunInfo | None:
         threads=max(1, _int(_opt(argv, "-OpenM.Threads"), 1)),
         not_on_root=any(t.lower() == "-openm.notonroot" for t in argv),
         sub_values=max(1, _int(_opt(argv, "-OpenM.SubValues"), 1)),
+        opts=_model_opts(argv),
+        process_mem_mb=_process_mem_mb(worker, slots),
     )

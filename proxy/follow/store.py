@@ -17,7 +17,7 @@ from typing import Any
 from proxy import names
 from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, LogBuffer
 from proxy.follow.runinfo import RunInfo, resource_version, run_info
-from proxy.follow.view import RunView
+from proxy.follow.view import FinalMessage, RunView
 
 Obj = dict[str, Any]
 
@@ -55,8 +55,11 @@ class Run:
     log_problem: str | None = None
     """Why the launcher's log could not be read (shown on the log page), if it could not."""
     record_task: asyncio.Task[None] | None = None
-    record_after: float = 0.0
     record_attempts: int = 0
+    frozen_prelude: tuple[str, ...] | None = None
+    """The prelude this replica froze (shown until the recorded one arrives, never changed)."""
+    frozen_final: FinalMessage | None = None
+    """The start-deadline verdict this replica reached (likewise)."""
     memo_key: tuple[Any, ...] | None = None
     memo_view: RunView | None = None
 

@@ -55,6 +55,7 @@ from proxy.follow.runinfo import (
     run_info,
     time_of,
 )
+from proxy.names import KUEUE_QUEUE_NAME_KEY
 
 PREFIX = "[oms-mpijob-proxy] "
 """Start of every line the proxy adds to a run's log (model output never has it)."""
@@ -377,23 +378,51 @@ def _phase(
         return "running"
     if deadline_passed:
         return "deadline"
-    if condition_true(job, "Suspended"):
+    if is_queued(job):
         return "queued"
     if conditions_of(job):
         return "pending"
     return "submitted"
 
 
+def is_queued(job: Obj) -> bool:
+    """The MPIJob waits for admission: suspended (e.g. by Kueue), never resumed yet."""
+    run_policy = (job.get("spec") or {}).get("runPolicy") or {}
+    suspended = condition(job, "Suspended")
+    if suspended is not None and suspended.get("status") == "False":
+        return False  # it was resumed (admitted)
+    return bool(run_policy.get("suspend")) or condition_true(job, "Suspended")
+
+
+def deadline_start(job: Obj) -> datetime | None:
+    """From when ``runs.start_deadline_seconds`` counts: the creation, or the admission (the
+    Suspended condition turning False) of a job that was queued; None while it is queued."""
+    if is_queued(job):
+        return None
+    suspended = condition(job, "Suspended")
+    resumed = time_of(suspended.get("lastTransitionTime")) if suspended is not None else None
+    created = time_of(object_meta(job).get("creationTimestamp"))
+    moments = [m for m in (resumed, created) if m is not None]
+    return max(moments) if moments else None
+
+
+def queue_name(job: Obj) -> str:
+    """The Kueue LocalQueue the MPIJob is labelled for ('' if none)."""
+    labels = object_meta(job).get("labels")
+    value = labels.get(KUEUE_QUEUE_NAME_KEY) if isinstance(labels, Mapping) else None
+    return str(value or "")
+
+
 def _final_time(
     job: Obj,
     phase: str,
-    info: RunInfo,
+    since: datetime,
     recorded: FinalMessage | None,
     deleted_at: datetime | None,
     deadline: float,
 ) -> datetime | None:
     if phase == "deadline":
-        return recorded.time if recorded else info.created + timedelta(seconds=deadline)
+        return recorded.time if recorded else since + timedelta(seconds=deadline)
     if phase in ("succeeded", "failed"):
         c = condition(job, "Succeeded" if phase == "succeeded" else "Failed")
         status = job.get("status") if isinstance(job.get("status"), Mapping) else {}
@@ -401,10 +430,10 @@ def _final_time(
         return (
             time_of(c.get("lastTransitionTime") if c else None)
             or time_of(status.get("completionTime"))
-            or info.created
+            or since
         )
     if phase == "stopped":
-        return time_of(object_meta(job).get("deletionTimestamp")) or deleted_at or info.created
+        return time_of(object_meta(job).get("deletionTimestamp")) or deleted_at or since
     return None
 
 
@@ -457,12 +486,17 @@ def compute_view(
     deleted_at: datetime | None = None,
     now: datetime,
     settings: ViewSettings,
+    prelude: tuple[str, ...] | None = None,
+    final_message: FinalMessage | None = None,
     unreadable: Sequence[str] = (),
 ) -> RunView | None:
     """The view of the run in MPIJob ``job`` (None if ``job`` is not a launched run).
 
     ``pods`` are the job's current pods; ``launcher_pod`` the launcher to follow (default: the
     earliest in ``pods``); ``deleted_at`` is set for a tombstone (the MPIJob is gone).
+    ``prelude`` and ``final_message`` are what this replica froze itself and has not seen
+    recorded on the MPIJob yet (a recording can fail or be slow): they are shown as if
+    recorded, so a page never changes once shown, and are still offered for recording.
     ``unreadable`` says what could not be read from the Kubernetes API and why; the lines say
     it in one line of their own (until it can be read again).
     """
@@ -475,19 +509,28 @@ def compute_view(
         launcher_pod = first_launcher(pods, info.name)
     launcher = launcher_state(launcher_pod)
     started = launcher is not None and launcher.started_at is not None
-    recorded = recorded_final(job)
+    recorded_here = recorded_final(job)
+    recorded = recorded_here or final_message
     deleted = deleted_at is not None
     running_cond = condition(job, "Running")
     # Running=False/MPIJobSuspended is also set on jobs that were only ever queued.
     ever_running = running_cond is not None and (
         running_cond.get("status") == "True" or running_cond.get("reason") != "MPIJobSuspended"
     )
+    since = deadline_start(job)
     deadline_passed = (
-        now - info.created > timedelta(seconds=deadline) and not started and not ever_running
+        since is not None
+        and now - since > timedelta(seconds=deadline)
+        and not started
+        and not ever_running
     )
     phase = _phase(job, deleted, launcher, recorded, deadline_passed)
     final = phase in FINAL_PHASES
-    final_at = _final_time(job, phase, info, recorded, deleted_at, deadline) if final else None
+    final_at = (
+        _final_time(job, phase, since or info.created, recorded, deleted_at, deadline)
+        if final
+        else None
+    )
     event_items = events.items if events is not None else ()
 
     # When the prelude freezes: the launcher's start, else the end of the run.
@@ -504,6 +547,10 @@ def compute_view(
     if recorded_prelude is not None:
         event_lines = list(recorded_prelude)
         frozen = True
+    elif prelude is not None:
+        event_lines = list(prelude)
+        frozen = True
+        prelude_to_record = prelude
     else:
         entries: list[_Entry] = []
         if events is not None:
@@ -526,7 +573,16 @@ def compute_view(
         if frozen:
             prelude_to_record = tuple(event_lines)
 
-    lines: list[str] = [submission_line(info, tz), *event_lines]
+    lines: list[str] = [submission_line(info, tz)]
+    queue = queue_name(job)
+    if queue:
+        lines.append(
+            clean_text(
+                f"{PREFIX}{line_time(info.created, tz)} queued: waits for admission by Kueue "
+                f"(LocalQueue {queue}); the run starts once Kueue admits it"
+            )
+        )
+    lines.extend(event_lines)
     model_lines: tuple[str, ...] = ()
     last_log: datetime | None = None
     log_complete = log is not None and log.complete
@@ -541,6 +597,8 @@ def compute_view(
     if phase == "deadline" and recorded is None and final_at is not None:
         reasons = stuck_reasons(job, pods, event_items)
         final_to_record = FinalMessage(DEADLINE_REASON, final_at, deadline, reasons)
+    elif recorded_here is None and final_message is not None:
+        final_to_record = final_message
 
     is_final = final and frozen and (not started or phase == "deadline" or log_complete)
     if unreadable:
@@ -562,7 +620,7 @@ def compute_view(
         prelude_to_record=prelude_to_record,
         final_to_record=final_to_record,
         needs_events=needs_events,
-        events_live=recorded_prelude is None and freeze_at is None,
+        events_live=recorded_prelude is None and prelude is None and freeze_at is None,
         wants_log=wants_log,
     )
 

@@ -43,11 +43,11 @@ from proxy.keys import request_id
 from proxy.passthrough.body import read_limited
 from proxy.passthrough.forward import forward
 from proxy.runstate import RunState
-from proxy.stamps import StampSource, make_datetime
+from proxy.stamps import StampSource, local_now, make_datetime
 from proxy.submit.decode import ModelInfo, RunRequest, RunRequestError, parse_run_request
 from proxy.submit.render import RenderedRun, RenderError, Stamps, render
 from proxy.submit.template import Template
-from proxy.submit.validate import choose_run_stamp, is_mpi, validate_run
+from proxy.submit.validate import client_run_stamp, is_mpi, validate_run
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ _AUTH_HEADERS = ("Authorization", "Cookie", "X-Api-Key")
 # looks for the MPIJob this many times, every quarter of kubernetes.request_timeout_seconds, and
 # deletes it if the create landed late: the client was told it failed, and would submit again.
 LATE_CREATE_CHECKS = 12
+
+# Generated stamps tried for one submission before giving up with 429 (each is at least 1 ms
+# later than the one before, so this covers a burst of that many runs in one millisecond).
+STAMP_ATTEMPTS = 200
 
 
 @dataclasses.dataclass
@@ -85,9 +89,22 @@ class Submitter:
     in_flight: int = 0
     _models: dict[str, tuple[float, ModelInfo]] = dataclasses.field(default_factory=dict)
     _late: dict[str, _LateCreateCheck] = dataclasses.field(default_factory=dict)
+    clock: Callable[[], dt.datetime] = local_now
+    """Local wall-clock time (oms's stamps are local); tests pass a fixed one."""
+    stamp_known: Callable[[str], bool] | None = None
+    """Whether a stamp already names a run this replica knows (as run or submit stamp)."""
     on_created: Callable[[dict[str, Any]], None] | None = None
     """Told of each MPIJob just created (the app lets the run cache know: pollers asking right
     after ``POST /api/run`` then find the run before the watch event arrives)."""
+
+    def new_stamp(self, now: dt.datetime) -> str:
+        """A new stamp, later than any this process handed out, naming no run known here."""
+        stamp = self.stamps.next(now)
+        for _ in range(1000):
+            if self.stamp_known is None or not self.stamp_known(stamp):
+                break
+            stamp = self.stamps.next(now)
+        return stamp
 
     async def resolve_model(self, dn: str, request: web.Request) -> ModelInfo:
         """The model by digest or name, as oms knows it (cached briefly)."""
@@ -277,25 +294,43 @@ async def _submit(
         run = validate_run(req, model, config.runs)
     except RunRequestError as e:
         raise BadRequest(e.message) from e
-    now = dt.datetime.now()
-    submit_stamp = submitter.stamps.next(now)
+    now = submitter.clock()
     try:
-        run_stamp = choose_run_stamp(req, submitter.stamps, now)
+        chosen = client_run_stamp(req)
     except RunRequestError as e:
         raise BadRequest(e.message) from e
     identity = config.server.identity_header
-    stamps = Stamps(
-        run_stamp=run_stamp,
-        submit_stamp=submit_stamp,
-        request_id=request_id(request) or uuid.uuid4().hex,
-        user=request.headers.get(identity) if identity else None,
-        submitted_at=now,
-    )
-    try:
-        rendered = render(run, model, config, submitter.template, stamps)
-    except RenderError as e:
-        raise BadRequest(f"Model start failed: {e}") from e
-    job = await submitter.create(rendered, stamps)
+    rid = request_id(request) or uuid.uuid4().hex
+    user = request.headers.get(identity) if identity else None
+    for _ in range(STAMP_ATTEMPTS):
+        # A stamp the proxy generates is both the run's SubmitStamp and, unless the client
+        # chose one, its RunStamp: the create of the MPIJob (named from model and run stamp)
+        # reserves it at the API server, which every replica shares.
+        submit_stamp = submitter.new_stamp(now)
+        stamps = Stamps(
+            run_stamp=chosen or submit_stamp,
+            submit_stamp=submit_stamp,
+            request_id=rid,
+            user=user,
+            submitted_at=now,
+        )
+        try:
+            rendered = render(run, model, config, submitter.template, stamps)
+        except RenderError as e:
+            raise BadRequest(f"Model start failed: {e}") from e
+        try:
+            job = await submitter.create(rendered, stamps)
+            break
+        except Conflict:
+            if chosen:
+                raise  # the client chose a stamp that is taken: 409
+            # Another request (on any replica) took this generated stamp: take the next one.
+            _LOGGER.info("run stamp %s taken by another submission; next stamp", submit_stamp)
+    else:
+        raise TooManyRequests(
+            f"Could not reserve a new run stamp in {STAMP_ATTEMPTS} attempts "
+            "(too many submissions in the same milliseconds); try again shortly"
+        )
     if submitter.on_created is not None:
         submitter.on_created(job)
     annotations = job.get("metadata", {}).get("annotations", {})

@@ -399,11 +399,19 @@ def choose_run_stamp(
     never repeat), or :func:`~proxy.stamps.make_stamp` of a datetime ``source``. A client's
     stamp must be 1-64 letters, digits, '_', '.', '-' (not starting with '.' or '-'), else 400.
     """
+    stamp = client_run_stamp(req)
+    if not stamp:
+        return source.next(now) if isinstance(source, StampSource) else make_stamp(source)
+    return stamp
+
+
+def client_run_stamp(req: RunRequest) -> str:
+    """The run stamp the client chose ('' for none), checked as :func:`choose_run_stamp` does."""
     field, stamp = "RunStamp", clean_file_name(req.run_stamp)
     if not stamp:
         field, stamp = 'Opts["OpenM.RunStamp"]', clean_file_name(req.opts.get("OpenM.RunStamp", ""))
     if not stamp:
-        return source.next(now) if isinstance(source, StampSource) else make_stamp(source)
+        return ""
     if not RUN_STAMP_RE.fullmatch(stamp):
         raise _Checker(req).fail(
             field,
