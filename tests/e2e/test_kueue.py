@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
@@ -47,7 +48,9 @@ def kueue_process(control_plane: ControlPlane) -> Iterator[c.Server]:
     missing = kueue.missing()
     if missing:
         pytest.fail(f"Kueue not built ({', '.join(missing)}): run e2e/build.sh (make e2e)")
+    began = time.monotonic()
     proc = kueue.start(control_plane)
+    print(f"Kueue ready in {time.monotonic() - began:.1f} s")  # noqa: T201 - shown with -s
     yield proc
     proc.stop(grace=10)
 
@@ -211,4 +214,5 @@ async def test_second_run_waits_in_kueue_until_the_first_ends(
     shown = lines_of(pages2)
     assert pages2[-1]["IsFinal"]
     assert "run succeeded" in shown[-2], shown[-2:]
+    assert any("resumed: MPIJob no longer suspended" in line for line in shown), shown
     assert (condition(job_of(control_plane, two), "Succeeded") or {}).get("status") == "True"
