@@ -214,5 +214,8 @@ async def test_second_run_waits_in_kueue_until_the_first_ends(
     shown = lines_of(pages2)
     assert pages2[-1]["IsFinal"]
     assert "run succeeded" in shown[-2], shown[-2:]
-    assert any("resumed: MPIJob no longer suspended" in line for line in shown), shown
+    # Kueue's and the MPI Operator's Events on the MPIJob, in the log prelude
+    admitted_line = f"Started MPIJob/{job2}: Admitted by clusterQueue {CLUSTER_QUEUE}"
+    assert any(admitted_line in line for line in shown), shown
+    assert any(f"MPIJobResumed MPIJob/{job2}" in line for line in shown), shown
     assert (condition(job_of(control_plane, two), "Succeeded") or {}).get("status") == "True"
