@@ -6,6 +6,7 @@
 #                           k8s.io/kubernetes                  (a throwaway module replacing every staging module)
 #   mpi-operator            github.com/kubeflow/mpi-operator   (also the source of the MPIJob CRD)
 #   kwok                    sigs.k8s.io/kwok
+#   kueue                   sigs.k8s.io/kueue                  (also the source of its CRDs and webhooks)
 #
 # Outputs go to .e2e/bin (gitignored); a binary already there for the same version is reused. If
 # OMS_E2E_BIN or KUBEBUILDER_ASSETS names a folder holding a binary, that one is used and not built.
@@ -16,6 +17,7 @@ K8S_VERSION="${K8S_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 MPI_OPERATOR_VERSION="${MPI_OPERATOR_VERSION:-v0.8.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 
 # Go's standard install location, when a non-login shell did not put it on PATH.
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
@@ -160,5 +162,22 @@ if ! up_to_date kwok "kwok $KWOK_VERSION"; then
     (cd "$dir" && go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
     build kwok "$dir" sigs.k8s.io/kwok/cmd/kwok "kwok $KWOK_VERSION"
 fi
+
+# --- Kueue ------------------------------------------------------------------------------------------
+if ! up_to_date kueue "kueue $KUEUE_VERSION"; then
+    dir="$SRC/kueue"
+    new_module "$dir"
+    (cd "$dir" && go get "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION")
+    build kueue "$dir" sigs.k8s.io/kueue/cmd/kueue "kueue $KUEUE_VERSION"
+fi
+# Kueue's CRDs come from the same module as the binary, one file per CRD, into .e2e/bin/kueue-crds.
+kueue_dir="$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+rm -rf "$BIN/kueue-crds.tmp" && mkdir -p "$BIN/kueue-crds.tmp"
+cp "$kueue_dir"/config/components/crd/bases/*.yaml "$BIN/kueue-crds.tmp/"
+chmod 644 "$BIN/kueue-crds.tmp"/*.yaml
+rm -rf "$BIN/kueue-crds" && mv "$BIN/kueue-crds.tmp" "$BIN/kueue-crds"
+# Its webhook configurations too (the e2e fixture points them at Kueue's loopback port).
+cp "$kueue_dir/config/components/webhook/manifests.yaml" "$BIN/kueue-webhooks.yaml.tmp"
+chmod 644 "$BIN/kueue-webhooks.yaml.tmp" && mv "$BIN/kueue-webhooks.yaml.tmp" "$BIN/kueue-webhooks.yaml"
 
 log "all binaries ready in $BIN"
