@@ -192,6 +192,12 @@ def _json_object(data: bytes, what: str) -> Obj:
     return doc
 
 
+def _items_and_version(doc: Obj) -> tuple[list[Obj], str]:
+    """A list answer's items (plain dicts) and the list's resourceVersion."""
+    items = [i for i in doc.get("items") or () if isinstance(i, dict)]
+    return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+
 def _raw(timeout: float) -> dict[str, Any]:
     """The arguments of every request: its time limit, and its answer handed back unread."""
     return {"_request_timeout": timeout, "_preload_content": False}
@@ -385,8 +391,7 @@ class KubeClient:
             )
 
         doc = await self._call_json("list MPIJobs", go)
-        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
-        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        return _items_and_version(doc)
 
     async def watch_mpijobs(
         self, label_selector: str, resource_version: str, timeout_seconds: int
@@ -533,8 +538,7 @@ class KubeClient:
             )
 
         doc = await self._call_json("list ConfigMaps", go)
-        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
-        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        return _items_and_version(doc)
 
     async def watch_configmaps(
         self, label_selector: str, resource_version: str, timeout_seconds: int
@@ -573,8 +577,7 @@ class KubeClient:
             )
 
         doc = await self._call_json("list pods", go)
-        items = [i for i in doc.get("items") or () if isinstance(i, dict)]
-        return items, str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        return _items_and_version(doc)
 
     async def watch_pods(
         self, label_selector: str, resource_version: str, timeout_seconds: int

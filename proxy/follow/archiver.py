@@ -53,6 +53,7 @@ from proxy.follow.archive import (
 )
 from proxy.follow.informer import inform
 from proxy.follow.runinfo import resource_version
+from proxy.follow.tasks import TaskSet
 from proxy.follow.view import RunView
 
 _LOGGER = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class RunHistory:
         self._direct_at = -math.inf
         self._direct_task: asyncio.Task[None] | None = None
         self._writing: dict[str, asyncio.Task[bool]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet(_LOGGER)
         self._closed = False
         self.forbidden = False
         """Creating records is not allowed (RBAC): archiving is given up (logged once)."""
@@ -125,25 +126,10 @@ class RunHistory:
     async def close(self) -> None:
         """Stop the background tasks."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
 
     def _spawn(self, coro: Awaitable[Any], what: str) -> asyncio.Task[Any]:
-        async def guarded() -> Any:
-            try:
-                return await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                _LOGGER.exception("%s failed", what)
-                return None
-
-        task = asyncio.get_running_loop().create_task(guarded())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro, what)
 
     async def _inform(self) -> None:
         await inform(

@@ -71,6 +71,7 @@ from proxy.follow.launcherlog import JOB_NAME_LABEL, LauncherLog, first_launcher
 from proxy.follow.recorder import Recorder
 from proxy.follow.runinfo import resource_version, terminating
 from proxy.follow.store import Run, RunStore, name_of
+from proxy.follow.tasks import TaskSet
 from proxy.follow.view import (
     FINAL_MESSAGE_KEY,
     FINAL_PHASES,
@@ -148,7 +149,7 @@ class RunCache(RunStore):
         self._events_next = -math.inf
         self._events_forbidden = False
         self._events_problem: str | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet(_LOGGER)
         self._closed = False
         self.history: RunHistory | None = None
         """The run records (see :class:`~proxy.follow.ending.ArchivingRunCache`)."""
@@ -168,27 +169,12 @@ class RunCache(RunStore):
     async def close(self) -> None:
         """Stop every background task and wait for them."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self.history is not None:
             await self.history.close()
 
     def _spawn(self, coro: Awaitable[Any], what: str) -> asyncio.Task[Any]:
-        async def guarded() -> Any:
-            try:
-                return await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                _LOGGER.exception("%s failed", what)
-                return None
-
-        task = asyncio.get_running_loop().create_task(guarded())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro, what)
 
     def _set_pods_synced(self, ok: bool) -> None:
         self._pods_synced = ok
